@@ -1,0 +1,115 @@
+"""What the graph cache tells its observers, and the observer protocol itself.
+
+capture_core knows nothing of databases or pages: it emits these events to one observer. The
+replay path calls ``on_replay`` with values it already holds, so an observer that bumps a counter is
+all it pays for. Captures, fallbacks and violations are rare and carry full records.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.modes import CUDAGraphMode
+from capture_core.sizes import EagerReason
+
+
+class ViolationKind(str, enum.Enum):
+    ADDRESS_DRIFT = "address_drift"
+    UNEXPECTED_CAPTURE = "unexpected_capture"
+
+
+@dataclass(frozen=True)
+class CaptureEvent:
+    """One graph captured: its key, what it baked in, what it cost."""
+
+    descriptor: BatchDescriptor
+    mode: CUDAGraphMode
+    backend: str
+    wrapper: str
+    input_names: tuple[str, ...]
+    input_addresses: tuple[int, ...]
+    capture_seconds: float
+    pool_bytes: int
+    warmup_iters: int
+    num_segments: int = 1
+    num_ubatches: int = 1
+    ubatch_slices: tuple[tuple[int, int, int, int], ...] = ()
+    """Per ubatch: (request start, request stop, token start, token stop)."""
+    unexpected: bool = False
+    captured_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class ViolationEvent:
+    """Something that makes the cache silently wrong or slow, as it was seen."""
+
+    kind: ViolationKind
+    descriptor: BatchDescriptor
+    mode: CUDAGraphMode
+    wrapper: str
+    message: str
+    input_name: str | None = None
+    expected_address: int | None = None
+    actual_address: int | None = None
+    stack: str = ""
+    injected: bool = False
+    """True when a demo or test planted the fault on purpose; shown as such everywhere."""
+    seen_at: float = field(default_factory=time.time)
+
+
+@runtime_checkable
+class GraphObserver(Protocol):
+    """Receives the graph cache's events. Must never raise into the engine."""
+
+    def on_capture(self, event: CaptureEvent) -> None: ...
+
+    def on_replay(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int) -> None:
+        """Hot path: one call per replayed batch. Bump a counter, nothing more."""
+
+    def on_eager(self, reason: EagerReason, num_tokens: int, mode: CUDAGraphMode) -> None:
+        """A batch of ``num_tokens`` ran eagerly; ``mode`` is what it would have replayed in."""
+
+    def on_violation(self, event: ViolationEvent) -> None: ...
+
+
+class NullObserver:
+    """The default observer: does nothing, costs one method call."""
+
+    def on_capture(self, event: CaptureEvent) -> None:
+        pass
+
+    def on_replay(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int) -> None:
+        pass
+
+    def on_eager(self, reason: EagerReason, num_tokens: int, mode: CUDAGraphMode) -> None:
+        pass
+
+    def on_violation(self, event: ViolationEvent) -> None:
+        pass
+
+
+class FanOutObserver:
+    """Sends every event to several observers, in order."""
+
+    def __init__(self, *observers: GraphObserver) -> None:
+        self.observers = observers
+
+    def on_capture(self, event: CaptureEvent) -> None:
+        for observer in self.observers:
+            observer.on_capture(event)
+
+    def on_replay(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int) -> None:
+        for observer in self.observers:
+            observer.on_replay(mode, descriptor, num_real_tokens)
+
+    def on_eager(self, reason: EagerReason, num_tokens: int, mode: CUDAGraphMode) -> None:
+        for observer in self.observers:
+            observer.on_eager(reason, num_tokens, mode)
+
+    def on_violation(self, event: ViolationEvent) -> None:
+        for observer in self.observers:
+            observer.on_violation(event)

@@ -1,0 +1,123 @@
+"""Capture sizes: which batch sizes get a graph, and how a batch is padded up to one."""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+class EagerReason(str, enum.Enum):
+    """Why a batch ran eagerly instead of replaying a graph (a small, fixed label set)."""
+
+    ABOVE_MAX_CAPTURE_SIZE = "above_max_capture_size"
+    MODE_NONE = "mode_none"
+    NO_GRAPH_FOR_MIXED_BATCH = "no_graph_for_mixed_batch"
+    BEFORE_CAPTURE_PHASE = "before_capture_phase"
+    UNEXPECTED_CAPTURE = "unexpected_capture"
+
+
+def power_of_two_sizes(max_size: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_size`` (and ``max_size`` itself when it is not a power of two)."""
+    _check_positive_int("max_size", max_size)
+    sizes, size = [], 1
+    while size < max_size:
+        sizes.append(size)
+        size *= 2
+    sizes.append(max_size)
+    return sizes
+
+
+def vllm_default_sizes(max_size: int = 512) -> list[int]:
+    """vLLM's default list: [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), cut at max."""
+    _check_positive_int("max_size", max_size)
+    candidates = [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)]
+    return [s for s in candidates if s <= max_size]
+
+
+def validate_sizes(sizes: Iterable[int]) -> list[int]:
+    """Check an explicit capture-size list: non-empty, positive integers, strictly increasing."""
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("capture sizes must not be empty")
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise ValueError(f"capture sizes must be integers, got {size!r}")
+        if size <= 0:
+            raise ValueError(f"capture sizes must be positive, got {size} in {sizes}")
+    seen: set[int] = set()
+    duplicates = sorted({s for s in sizes if s in seen or seen.add(s)})
+    if duplicates:
+        raise ValueError(f"capture sizes must not repeat: {duplicates} appear more than once")
+    if sizes != sorted(sizes):
+        raise ValueError(f"capture sizes must be sorted ascending, got {sizes}")
+    return sizes
+
+
+def capture_sizes(policy: str, max_size: int = 256, sizes: Sequence[int] | None = None) -> list[int]:
+    """Capture sizes by policy name: ``pow2``, ``vllm`` or ``explicit`` (with ``sizes``)."""
+    if policy == "pow2":
+        return power_of_two_sizes(max_size)
+    if policy == "vllm":
+        return vllm_default_sizes(max_size)
+    if policy == "explicit":
+        if sizes is None:
+            raise ValueError("the explicit policy needs a list of sizes")
+        return validate_sizes(sizes)
+    raise ValueError(f"unknown capture-size policy {policy!r}; choose pow2, vllm or explicit")
+
+
+@dataclass(frozen=True)
+class Padding:
+    """Where one batch lands: its captured size, or eager with the reason."""
+
+    num_tokens: int
+    padded_tokens: int | None
+    eager_reason: EagerReason | None
+
+    @property
+    def waste(self) -> int:
+        return 0 if self.padded_tokens is None else self.padded_tokens - self.num_tokens
+
+
+class SizeTable:
+    """Pads any batch up to the smallest capture size that holds it.
+
+    Lookups are O(1) through a dense table up to the largest size, since they sit on the step path.
+    """
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes: tuple[int, ...] = tuple(validate_sizes(sizes))
+        self.max_size = self.sizes[-1]
+        table = [0] * (self.max_size + 1)
+        for n in range(1, self.max_size + 1):
+            table[n] = self.sizes[bisect.bisect_left(self.sizes, n)]
+        self._table = table
+
+    def pad(self, num_tokens: int) -> int | None:
+        """The capture size for ``num_tokens``, or None when it is above the largest."""
+        if num_tokens <= 0:
+            raise ValueError(f"num_tokens must be positive, got {num_tokens}")
+        if num_tokens > self.max_size:
+            return None
+        return self._table[num_tokens]
+
+    def place(self, num_tokens: int) -> Padding:
+        padded = self.pad(num_tokens)
+        reason = EagerReason.ABOVE_MAX_CAPTURE_SIZE if padded is None else None
+        return Padding(num_tokens, padded, reason)
+
+    def __contains__(self, size: object) -> bool:
+        return size in self.sizes
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __repr__(self) -> str:
+        return f"SizeTable({list(self.sizes)})"
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,172 @@
+"""The inspector's tables (SQLAlchemy 2.0, typed). Times are UNIX epoch seconds (UTC) as floats.
+
+Schema changes go through an Alembic migration in ``migrations/versions`` (a test compares the two).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, MetaData, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class DescriptorColumns:
+    """The BatchDescriptor's fields, flattened into every table keyed by a graph."""
+
+    mode: Mapped[str] = mapped_column(String(32))
+    num_tokens: Mapped[int] = mapped_column(Integer)
+    num_reqs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    uniform: Mapped[bool] = mapped_column(Boolean, default=False)
+    has_lora: Mapped[bool] = mapped_column(Boolean, default=False)
+    num_active_loras: Mapped[int] = mapped_column(Integer, default=0)
+    descriptor_key: Mapped[str] = mapped_column(String(128))
+
+
+class Run(Base):
+    """One engine process (one rank) recording into the database."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    label: Mapped[str] = mapped_column(String(200), default="")
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    process: Mapped[str] = mapped_column(String(500))
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    world_size: Mapped[int] = mapped_column(Integer, default=1)
+    device: Mapped[str] = mapped_column(String(200))
+    backend: Mapped[str] = mapped_column(String(32))
+    config: Mapped[str] = mapped_column(Text, default="{}")
+    """JSON: the capture configuration (mode, sizes, checks, policy, model size...)."""
+    started_at: Mapped[float] = mapped_column(Float)
+    last_seen_at: Mapped[float] = mapped_column(Float)
+    """Bumped on every flush: a run whose last_seen_at is recent and ended_at is null is live."""
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    dropped_events: Mapped[int] = mapped_column(Integer, default=0)
+
+    graphs: Mapped[list[Graph]] = relationship(back_populates="run", cascade="all, delete-orphan")
+
+    __table_args__ = (Index(None, "started_at"),)
+
+
+class Graph(DescriptorColumns, Base):
+    """One captured graph: its key, what it baked in, what it cost."""
+
+    __tablename__ = "graphs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    wrapper: Mapped[str] = mapped_column(String(200))
+    backend: Mapped[str] = mapped_column(String(32))
+    input_names: Mapped[str] = mapped_column(Text, default="[]")
+    """JSON list of input names (``args[0]``, ``input_ids``, ``kv_caches[3]``...)."""
+    input_addresses: Mapped[str] = mapped_column(Text, default="[]")
+    """JSON list of integer device addresses, one per input name."""
+    capture_seconds: Mapped[float] = mapped_column(Float)
+    pool_bytes: Mapped[int] = mapped_column(BigInteger)
+    warmup_iters: Mapped[int] = mapped_column(Integer)
+    num_segments: Mapped[int] = mapped_column(Integer, default=1)
+    num_ubatches: Mapped[int] = mapped_column(Integer, default=1)
+    ubatch_slices: Mapped[str] = mapped_column(Text, default="[]")
+    """JSON list of [req_start, req_stop, token_start, token_stop] per ubatch."""
+    unexpected: Mapped[bool] = mapped_column(Boolean, default=False)
+    captured_at: Mapped[float] = mapped_column(Float)
+
+    run: Mapped[Run] = relationship(back_populates="graphs")
+
+    __table_args__ = (
+        Index(None, "run_id", "mode", "num_tokens"),
+        Index(None, "descriptor_key"),
+        Index(None, "captured_at"),
+    )
+
+
+class ReplayWindow(DescriptorColumns, Base):
+    """Replays of one graph within one flush window."""
+
+    __tablename__ = "replay_windows"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="SET NULL"), nullable=True)
+    window_start: Mapped[float] = mapped_column(Float)
+    window_end: Mapped[float] = mapped_column(Float)
+    replays: Mapped[int] = mapped_column(BigInteger)
+    real_tokens: Mapped[int] = mapped_column(BigInteger)
+    padded_tokens: Mapped[int] = mapped_column(BigInteger)
+    """Tokens of padding: captured size times replays, less the real tokens."""
+
+    __table_args__ = (
+        Index(None, "run_id", "window_start"),
+        Index(None, "graph_id", "window_start"),
+        Index(None, "window_start"),
+    )
+
+
+class EagerFallback(Base):
+    """Batches that ran eagerly within one flush window, by reason."""
+
+    __tablename__ = "eager_fallbacks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    window_start: Mapped[float] = mapped_column(Float)
+    window_end: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(String(64))
+    mode: Mapped[str] = mapped_column(String(32))
+    """The runtime mode the batch would have replayed in."""
+    batches: Mapped[int] = mapped_column(BigInteger)
+    tokens: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index(None, "run_id", "window_start"), Index(None, "reason"))
+
+
+class BatchSizeCount(Base):
+    """How many batches of each real token count arrived within one flush window."""
+
+    __tablename__ = "batch_size_counts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    window_start: Mapped[float] = mapped_column(Float)
+    num_tokens: Mapped[int] = mapped_column(Integer)
+    batches: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index(None, "run_id", "num_tokens"),)
+
+
+class Violation(DescriptorColumns, Base):
+    """An address drift or unexpected capture. Repeats of the same finding bump count/last_seen_at."""
+
+    __tablename__ = "violations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    wrapper: Mapped[str] = mapped_column(String(200))
+    input_name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    expected_address: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    actual_address: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    message: Mapped[str] = mapped_column(Text)
+    stack: Mapped[str] = mapped_column(Text, default="")
+    injected: Mapped[bool] = mapped_column(Boolean, default=False)
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    first_seen_at: Mapped[float] = mapped_column(Float)
+    last_seen_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        Index(None, "run_id", "kind"),
+        Index(None, "kind", "first_seen_at"),
+        Index(None, "first_seen_at"),
+    )
