@@ -67,10 +67,10 @@ class CUDAGraphDispatcher:
             for size in self.sizes.sizes:
                 if mixed is not CUDAGraphMode.NONE:
                     keys[mixed].add(BatchDescriptor(size, None, False, has_lora, loras))
-                if decode is CUDAGraphMode.FULL and self.mode.separate_routine():
-                    if size % self.uniform_decode_query_len == 0:
-                        reqs = size // self.uniform_decode_query_len
-                        keys[decode].add(BatchDescriptor(size, reqs, True, has_lora, loras))
+                uniform_fits = size % self.uniform_decode_query_len == 0
+                if decode is CUDAGraphMode.FULL and self.mode.separate_routine() and uniform_fits:
+                    reqs = size // self.uniform_decode_query_len
+                    keys[decode].add(BatchDescriptor(size, reqs, True, has_lora, loras))
         return {mode: frozenset(descs) for mode, descs in keys.items()}
 
     def route(
@@ -125,5 +125,6 @@ class CUDAGraphDispatcher:
 
     def capture_list(self) -> list[tuple[CUDAGraphMode, BatchDescriptor]]:
         """Every graph of every mode, largest first: FULL before PIECEWISE at equal size."""
-        items = [(m, d) for m in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE) for d in self.capture_descriptors(m)]
+        modes = (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE)
+        items = [(m, d) for m in modes for d in self.capture_descriptors(m)]
         return sorted(items, key=lambda md: (md[1].num_tokens, md[0] is CUDAGraphMode.FULL), reverse=True)
