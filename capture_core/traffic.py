@@ -1,0 +1,467 @@
+"""Real traffic for the graph cache: an Azure LLM trace replayed through continuous batching.
+
+A graph cache is judged by the batch sizes it meets. Uniform or fixed batches flatter every
+capture-size policy; production decode batches drift every step as requests arrive and finish. This
+module replays the arrivals and generation lengths of a real conversation-service trace (see
+``data/README.md``) through a small vLLM-like scheduler, so the demo, the padding benchmark and any
+capture-size advice are measured on the traffic a cache actually sees.
+
+Standard library only (plus ``capture_core.sizes`` for the padding figures): it lives in
+capture_core and runs without torch on the step path.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import heapq
+import itertools
+import math
+import os
+import random
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from capture_core.sizes import SizeTable
+
+DEFAULT_TRACE_PATH = Path(__file__).resolve().parent / "data" / "azure_conv_2023.csv"
+TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+class TraceError(ValueError):
+    """The trace file is missing or malformed; the message names the file and the line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of the trace: when it arrived and how long its prompt and its answer were."""
+
+    arrival_s: float
+    """Seconds since the trace's first arrival."""
+    context_tokens: int
+    generated_tokens: int
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A request trace sorted by arrival time."""
+
+    requests: tuple[TraceRequest, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise TraceError(f"{self.source}: the trace has no requests")
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def period_s(self) -> float:
+        """The length of one pass, for replaying the trace in a loop.
+
+        The last arrival plus one mean inter-arrival gap, so the wrap from the last request back to
+        the first is spaced like the rest of the trace.
+        """
+        last = self.requests[-1].arrival_s
+        gap = last / (len(self.requests) - 1) if len(self.requests) > 1 else 1.0
+        return last + (gap if gap > 0 else 1.0)
+
+
+def _parse_timestamp(text: str) -> float:
+    """Epoch-free seconds of ``YYYY-MM-DD HH:MM:SS[.fffffff]``: the trace has 7 fractional digits,
+    more than ``datetime`` parses before Python 3.11, so the fraction is read separately."""
+    base, _, fraction = text.strip().partition(".")
+    moment = datetime.strptime(base, "%Y-%m-%d %H:%M:%S")
+    if fraction and not fraction.isdigit():
+        raise ValueError(f"bad fractional seconds {fraction!r}")
+    return moment.timestamp() + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)
+
+
+def load_trace(path: str | os.PathLike[str] | None = None) -> Trace:
+    """Read a ``TIMESTAMP,ContextTokens,GeneratedTokens`` CSV (the packaged Azure trace by default).
+
+    Raises ``TraceError`` with the file and line for a missing file, a wrong header, a bad
+    timestamp or a token count that is not a positive integer. Rows are sorted by arrival.
+    """
+    source = Path(path) if path is not None else DEFAULT_TRACE_PATH
+    try:
+        handle = source.open(newline="", encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{source}: trace file not found") from None
+    except OSError as exc:
+        raise TraceError(f"{source}: cannot read the trace: {exc.strerror or exc}") from None
+    rows: list[tuple[float, int, int]] = []
+    with handle:
+        reader = csv.reader(handle)
+        try:
+            header = next(reader, None)
+            if header is None:
+                raise TraceError(f"{source}: the trace file is empty")
+            if tuple(col.strip() for col in header) != TRACE_COLUMNS:
+                expected = ",".join(TRACE_COLUMNS)
+                raise TraceError(f"{source}: line 1: expected the header {expected}, got {header}")
+            for row in reader:
+                if not row or all(not cell.strip() for cell in row):
+                    continue
+                rows.append(_parse_row(source, reader.line_num, row))
+        except UnicodeDecodeError:
+            raise TraceError(f"{source}: not a text CSV file") from None
+        except csv.Error as exc:
+            raise TraceError(f"{source}: line {reader.line_num}: {exc}") from None
+    if not rows:
+        raise TraceError(f"{source}: the trace has a header but no requests")
+    rows.sort(key=lambda r: r[0])
+    start = rows[0][0]
+    requests = tuple(TraceRequest(t - start, ctx, gen) for t, ctx, gen in rows)
+    return Trace(requests, str(source))
+
+
+def _parse_row(source: Path, line: int, row: list[str]) -> tuple[float, int, int]:
+    if len(row) != len(TRACE_COLUMNS):
+        raise TraceError(f"{source}: line {line}: expected {len(TRACE_COLUMNS)} fields, got {len(row)}")
+    try:
+        arrival = _parse_timestamp(row[0])
+    except ValueError:
+        raise TraceError(f"{source}: line {line}: bad TIMESTAMP {row[0]!r}") from None
+    counts = []
+    for name, cell in zip(TRACE_COLUMNS[1:], row[1:], strict=True):
+        try:
+            value = int(cell)
+        except ValueError:
+            raise TraceError(f"{source}: line {line}: {name} must be an integer, got {cell!r}") from None
+        if value <= 0:
+            raise TraceError(f"{source}: line {line}: {name} must be positive, got {value}")
+        counts.append(value)
+    return arrival, counts[0], counts[1]
+
+
+@dataclass(frozen=True)
+class TrafficConfig:
+    """How the trace is replayed.
+
+    Each scheduler step is ``step_seconds`` of engine time; arrivals are replayed ``speedup`` times
+    faster than recorded, so one step covers ``step_seconds * speedup`` seconds of the trace. The
+    steady-state batch is about arrival rate x mean generation length x that product, which is how
+    a speedup reaches large batches from a modest trace. ``seed`` picks where in the trace the
+    replay starts; ``warmup_steps`` are simulated but not yielded, so the first yielded step meets
+    an already busy engine instead of an empty one.
+    """
+
+    max_num_seqs: int = 256
+    speedup: float = 1.0
+    step_seconds: float = 0.02
+    seed: int = 0
+    warmup_steps: int = 0
+    chunked_prefill: bool = False
+    """Prefill prompts as chunks in the same steps as decodes (mixed batches)."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step (decodes first, then prefill chunks); used with chunked_prefill."""
+
+    def __post_init__(self) -> None:
+        seqs = self.max_num_seqs
+        if isinstance(seqs, bool) or not isinstance(seqs, int) or seqs < 1:
+            raise ValueError(f"max_num_seqs must be a positive integer, got {self.max_num_seqs!r}")
+        if not (isinstance(self.speedup, int | float) and math.isfinite(self.speedup) and self.speedup > 0):
+            raise ValueError(f"speedup must be a positive number, got {self.speedup!r}")
+        if not (isinstance(self.step_seconds, int | float) and math.isfinite(self.step_seconds)
+                and self.step_seconds > 0):
+            raise ValueError(f"step_seconds must be a positive number, got {self.step_seconds!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
+        if self.chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
+                f"({self.max_num_seqs}), so that every running request can decode in each step"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """Part of one request's prompt, prefilled in a mixed step."""
+
+    request_id: int
+    slot: int
+    start: int
+    """Position of the chunk's first prompt token."""
+    num_tokens: int
+    final: bool
+    """True for the prompt's last chunk: it samples the request's first generated token."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One engine step: who decodes (and in which KV-cache slot), and which prompt chunks run."""
+
+    index: int
+    trace_time_s: float
+    """Seconds into the trace (from its first arrival, modulo one pass) at the step's start."""
+    decode_request_ids: tuple[int, ...]
+    decode_slots: tuple[int, ...]
+    decode_positions: tuple[int, ...]
+    """Position of the token each decoding request feeds: its prompt length plus tokens so far."""
+    prefill_chunks: tuple[PrefillChunk, ...] = ()
+    finished_request_ids: tuple[int, ...] = ()
+    """Requests whose last token was produced in this step; they leave after it."""
+    num_waiting: int = 0
+    """Arrived requests still queued for a free sequence slot after this step's admissions."""
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return len(self.decode_request_ids)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.prefill_chunks)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_decode_tokens + self.num_prefill_tokens
+
+    @property
+    def uniform_decode(self) -> bool:
+        """A pure decode step: what a FULL decode graph serves."""
+        return not self.prefill_chunks
+
+
+@dataclass(slots=True)
+class _Running:
+    request_id: int
+    slot: int
+    context_tokens: int
+    generated_tokens: int
+    prefilled: int
+    decoded: int = 0
+
+
+@dataclass(order=True, slots=True)
+class _Arrival:
+    engine_time_s: float
+    request_id: int
+    request: TraceRequest = field(compare=False)
+
+
+class ContinuousBatchScheduler:
+    """Replays a trace through continuous batching: the per-step batches a graph cache meets.
+
+    Every step: arrivals up to the step's start join a FIFO queue; queued requests are admitted
+    while fewer than ``max_num_seqs`` run, each taking the lowest free KV-cache slot; every running
+    request past its prompt decodes one token; with chunked prefill, prompts are prefilled in
+    chunks from the token budget left after the decodes (the last chunk samples the first token);
+    requests that produced all their generated tokens leave. When nothing runs or waits, the clock
+    jumps to the next arrival, as an idle engine would wait for it, so every step has work.
+
+    The trace is replayed in a loop from a seeded offset, so ``steps()`` never runs dry. Same trace,
+    same config: the same steps.
+    """
+
+    def __init__(self, trace: Trace, config: TrafficConfig | None = None) -> None:
+        self.trace = trace
+        self.config = config or TrafficConfig()
+        period = trace.period_s
+        self.start_offset_s = random.Random(self.config.seed).random() * period
+        arrivals = [r.arrival_s for r in trace.requests]
+        self._first_index = bisect.bisect_left(arrivals, self.start_offset_s)
+
+    def request(self, request_id: int) -> TraceRequest:
+        """The trace row behind a request id (ids count arrivals from the seeded offset)."""
+        return self.trace.requests[(self._first_index + request_id) % len(self.trace)]
+
+    def _arrivals(self) -> Iterator[_Arrival]:
+        """Trace requests from the seeded offset on, looping, in engine seconds since the start."""
+        requests, period, offset = self.trace.requests, self.trace.period_s, self.start_offset_s
+        speedup = self.config.speedup
+        request_id, lap, index = 0, 0, self._first_index
+        while True:
+            if index == len(requests):
+                index, lap = 0, lap + 1
+            request = requests[index]
+            trace_s = request.arrival_s + lap * period - offset
+            if trace_s < 0:  # before the offset on the first lap: comes round on the next lap
+                trace_s += period
+            yield _Arrival(trace_s / speedup, request_id, request)
+            request_id += 1
+            index += 1
+
+    def steps(self) -> Iterator[Step]:
+        """Yield steps forever (use ``itertools.islice`` or ``take`` for a fixed number)."""
+        cfg = self.config
+        arrivals = self._arrivals()
+        upcoming = next(arrivals)
+        waiting: list[_Arrival] = []
+        waiting_head = 0
+        running: list[_Running] = []
+        free_slots = list(range(cfg.max_num_seqs))
+        step_index, simulated = 0, 0
+        period = self.trace.period_s
+        while True:
+            now = step_index * cfg.step_seconds
+            if not running and waiting_head == len(waiting) and upcoming.engine_time_s > now:
+                step_index = math.ceil(upcoming.engine_time_s / cfg.step_seconds - 1e-9)
+                now = step_index * cfg.step_seconds
+            while upcoming.engine_time_s <= now + 1e-12:
+                waiting.append(upcoming)
+                upcoming = next(arrivals)
+            while waiting_head < len(waiting) and len(running) < cfg.max_num_seqs:
+                arrival = waiting[waiting_head]
+                waiting_head += 1
+                slot = heapq.heappop(free_slots)
+                prefilled = 0 if cfg.chunked_prefill else arrival.request.context_tokens
+                running.append(_Running(arrival.request_id, slot, arrival.request.context_tokens,
+                                        arrival.request.generated_tokens, prefilled))
+            if waiting_head > 4096:  # drop the consumed head now and then; keeps the queue small
+                del waiting[:waiting_head]
+                waiting_head = 0
+
+            decoding = [r for r in running if r.prefilled == r.context_tokens]
+            finished: list[_Running] = []
+            for r in decoding:
+                r.decoded += 1
+                if r.decoded == r.generated_tokens:
+                    finished.append(r)
+            chunks: list[PrefillChunk] = []
+            if cfg.chunked_prefill:
+                budget = cfg.max_num_batched_tokens - len(decoding)
+                for r in running:
+                    if budget <= 0:
+                        break
+                    remaining = r.context_tokens - r.prefilled
+                    if remaining <= 0:
+                        continue
+                    size = min(remaining, budget)
+                    final = size == remaining
+                    chunks.append(PrefillChunk(r.request_id, r.slot, r.prefilled, size, final))
+                    r.prefilled += size
+                    budget -= size
+                    if final:
+                        r.decoded = 1  # the last prompt chunk samples the first generated token
+                        if r.generated_tokens == 1:
+                            finished.append(r)
+
+            step = Step(
+                index=simulated - cfg.warmup_steps,
+                trace_time_s=(self.start_offset_s + now * cfg.speedup) % period,
+                decode_request_ids=tuple(r.request_id for r in decoding),
+                decode_slots=tuple(r.slot for r in decoding),
+                decode_positions=tuple(r.context_tokens + r.decoded - 1 for r in decoding),
+                prefill_chunks=tuple(chunks),
+                finished_request_ids=tuple(r.request_id for r in finished),
+                num_waiting=len(waiting) - waiting_head,
+            )
+            if finished:
+                done = {id(r) for r in finished}
+                running = [r for r in running if id(r) not in done]
+                for r in finished:
+                    heapq.heappush(free_slots, r.slot)
+            step_index += 1
+            simulated += 1
+            if simulated > cfg.warmup_steps:
+                yield step
+
+    def take(self, num_steps: int) -> list[Step]:
+        """The first ``num_steps`` steps."""
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        out: list[Step] = []
+        for step in self.steps():
+            if len(out) == num_steps:
+                break
+            out.append(step)
+        return out
+
+
+def decode_batch_sizes(trace: Trace, config: TrafficConfig, num_steps: int) -> list[int]:
+    """Tokens per step of ``num_steps`` steps: the batch sizes a decode graph cache meets."""
+    return [step.num_tokens for step in ContinuousBatchScheduler(trace, config).take(num_steps)]
+
+
+@dataclass(frozen=True)
+class BatchSizeStats:
+    """How a run's batch sizes were spread."""
+
+    steps: int
+    min: int
+    max: int
+    mean: float
+    p50: int
+    p90: int
+    p99: int
+    distinct: int
+    changed_share: float
+    """Share of steps whose batch size differs from the step before (0..1)."""
+
+
+def _percentile(ordered: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile of a sorted sequence."""
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def batch_size_stats(sizes: Sequence[int]) -> BatchSizeStats:
+    if not sizes:
+        raise ValueError("batch_size_stats needs at least one batch size")
+    ordered = sorted(sizes)
+    changes = sum(1 for a, b in itertools.pairwise(sizes) if a != b)
+    return BatchSizeStats(
+        steps=len(sizes),
+        min=ordered[0],
+        max=ordered[-1],
+        mean=sum(sizes) / len(sizes),
+        p50=_percentile(ordered, 0.50),
+        p90=_percentile(ordered, 0.90),
+        p99=_percentile(ordered, 0.99),
+        distinct=len(set(sizes)),
+        changed_share=changes / (len(sizes) - 1) if len(sizes) > 1 else 0.0,
+    )
+
+
+def batch_size_histogram(sizes: Iterable[int]) -> dict[int, int]:
+    """Batch size -> number of steps, sorted by size."""
+    return dict(sorted(Counter(sizes).items()))
+
+
+@dataclass(frozen=True)
+class PaddingStats:
+    """How a capture-size list met a run of batch sizes.
+
+    ``waste`` is padding as a share of the tokens the replayed graphs computed: padded tokens over
+    captured tokens, the same ratio the inspector records per replay window. Batches above the
+    largest capture size run eagerly: they count against ``hit_rate`` and waste nothing.
+    """
+
+    steps: int
+    replayed_steps: int
+    real_tokens: int
+    captured_tokens: int
+    eager_tokens: int
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.captured_tokens - (self.real_tokens - self.eager_tokens)
+
+    @property
+    def waste(self) -> float:
+        return self.padded_tokens / self.captured_tokens if self.captured_tokens else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of steps that replayed a graph (0..1)."""
+        return self.replayed_steps / self.steps if self.steps else 0.0
+
+
+def padding_stats(sizes: Iterable[int], table: SizeTable) -> PaddingStats:
+    """Pad every batch size with ``table`` and total the waste and the replays."""
+    steps = replayed = real = captured = eager = 0
+    for n in sizes:
+        steps += 1
+        real += n
+        padded = table.pad(n)
+        if padded is None:
+            eager += n
+        else:
+            replayed += 1
+            captured += padded
+    return PaddingStats(steps, replayed, real, captured, eager)
