@@ -5,7 +5,18 @@ Schema changes go through an Alembic migration in ``migrations/versions`` (a tes
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, MetaData, String, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 NAMING_CONVENTION = {
@@ -170,3 +181,42 @@ class Violation(DescriptorColumns, Base):
         Index(None, "kind", "first_seen_at"),
         Index(None, "first_seen_at"),
     )
+
+
+class ReplayTotal(DescriptorColumns, Base):
+    """Running totals of one graph key's replays in one run (one row per run, mode and descriptor).
+
+    The recorder bumps it in the same transaction that appends the replay windows, so the two always
+    agree; the Prometheus collector sums these few rows instead of scanning every window.
+    """
+
+    __tablename__ = "replay_totals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="SET NULL"), nullable=True)
+    replays: Mapped[int] = mapped_column(BigInteger, default=0)
+    real_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    padded_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        UniqueConstraint("run_id", "mode", "descriptor_key"),
+        Index(None, "mode", "num_tokens"),
+    )
+
+
+class EagerTotal(Base):
+    """Running totals of one run's eager batches per reason and mode (see ReplayTotal for why)."""
+
+    __tablename__ = "eager_totals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    reason: Mapped[str] = mapped_column(String(64))
+    mode: Mapped[str] = mapped_column(String(32))
+    batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (UniqueConstraint("run_id", "reason", "mode"),)

@@ -1,0 +1,251 @@
+"""Where the inspector keeps its records: any SQLAlchemy URL, a SQLite file by default.
+
+SQLite is tuned for one database shared by several recording processes and a reading daemon: WAL
+(readers never block the writer), a busy timeout (writers queue instead of failing at once), and
+write transactions that take the write lock up front (``BEGIN IMMEDIATE``), because a deferred
+transaction that reads first and then writes fails at once, without waiting, when another process
+committed in between.
+
+Opening never overwrites a file it does not understand: a malformed URL, a corrupt or non-SQLite
+file, another application's database or one written by a newer schema is refused with a clear
+``DatabaseError`` and left as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event, exc, make_url, text
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session, sessionmaker
+
+from inspector import schema
+from inspector.errors import DatabaseError
+
+ENV_VAR = "GRAPH_INSPECTOR_DB"
+DEFAULT_URL = "sqlite:///graph-inspector.db"
+BUSY_TIMEOUT_MS = 5000
+MIGRATION_LOCK_KEY = 0x6772_6170_6869_6E73 & 0x7FFF_FFFF_FFFF_FFFF
+"""PostgreSQL advisory-lock key that serialises concurrent upgrades."""
+
+
+class StoreUnavailable(DatabaseError):
+    """The database exists (or could) but cannot be used right now: locked, unwritable, missing.
+
+    The recorder treats this as transient and retries; commands report it and exit.
+    """
+
+
+def resolve_url(url: str | None) -> str:
+    """The database URL to use: the argument, else $GRAPH_INSPECTOR_DB, else the default file."""
+    if url:
+        return url
+    return os.environ.get(ENV_VAR) or DEFAULT_URL
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    device: int
+    inode: int
+
+
+class Store:
+    """An open database: an engine, sessions for readers, write transactions for the recorder."""
+
+    def __init__(self, url: str, engine: Engine) -> None:
+        self.url = url
+        self.engine = engine
+        self.is_sqlite = engine.dialect.name == "sqlite"
+        self._writer_engine = engine.execution_options(sqlite_begin="IMMEDIATE") if self.is_sqlite else engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self.sqlite_path = _sqlite_file(engine.url)
+        self._identity = self.file_identity()
+
+    def __repr__(self) -> str:
+        return f"Store({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    @property
+    def display_url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """An ORM session that commits on success and rolls back on error."""
+        with self._sessions() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def writer(self) -> Iterator[Connection]:
+        """A write transaction that holds the write lock from its first statement (SQLite)."""
+        with self._writer_engine.begin() as conn:
+            yield conn
+
+    def upgrade(self) -> None:
+        """Upgrade to the newest schema, one process at a time, refusing foreign or newer databases."""
+        try:
+            with self.engine.connect() as conn:
+                schema.check_compatible(conn, self.display_url)
+                if schema.current_revisions(conn) == (schema.head_revision(),):
+                    return
+            with self._writer_engine.connect() as conn, conn.begin():
+                if conn.dialect.name == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+                # Another process may have migrated while this one waited for the lock.
+                schema.check_compatible(conn, self.display_url)
+                schema.upgrade(conn)
+        except exc.DBAPIError as error:
+            raise _translate(error, self.display_url) from None
+
+    def current_revision(self) -> str | None:
+        try:
+            with self.engine.connect() as conn:
+                revisions = schema.current_revisions(conn)
+        except exc.DBAPIError as error:
+            raise _translate(error, self.display_url) from None
+        return ",".join(revisions) or None
+
+    def file_identity(self) -> FileIdentity | None:
+        """The SQLite file's (device, inode), None when it does not exist (or is not a file DB)."""
+        if self.sqlite_path is None:
+            return None
+        try:
+            st = os.stat(self.sqlite_path)
+        except OSError:
+            return None
+        return FileIdentity(st.st_dev, st.st_ino)
+
+    def vanished(self) -> bool:
+        """True when the SQLite file was deleted or replaced since it was opened.
+
+        An open SQLite connection keeps writing into a deleted file without error, so writers check
+        this before they trust a commit.
+        """
+        return self.sqlite_path is not None and self.file_identity() != self._identity
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def open_store(
+    url: str | None = None, upgrade: bool = True, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS
+) -> Store:
+    """Open (and by default create or upgrade to head) the database at ``url``.
+
+    With ``upgrade=False`` the database must already exist: readers (reports, the daemon) never
+    create an empty file by accident.
+    """
+    resolved = resolve_url(url)
+    parsed = _parse(resolved)
+    path = _sqlite_file(parsed)
+    shown = parsed.render_as_string(hide_password=True)
+    if path is not None:
+        if not path.parent.is_dir():
+            raise StoreUnavailable(f"cannot open {shown}: the directory {path.parent} does not exist")
+        if not upgrade and not path.exists():
+            raise DatabaseError(f"no database at {path} (record a run first, or pass --db / set {ENV_VAR})")
+        if path.is_dir():
+            raise DatabaseError(f"cannot open {shown}: {path} is a directory")
+    engine = _create_engine(parsed, shown, busy_timeout_ms)
+    store = Store(resolved, engine)
+    try:
+        with engine.connect() as conn:
+            # Reading the schema makes SQLite read the header: a non-database file fails here.
+            schema.check_compatible(conn, shown)
+    except exc.DBAPIError as error:
+        engine.dispose()
+        raise _translate(error, shown) from None
+    except DatabaseError:
+        engine.dispose()
+        raise
+    if upgrade:
+        try:
+            store.upgrade()
+        except DatabaseError:
+            engine.dispose()
+            raise
+    return store
+
+
+def _parse(url: str) -> URL:
+    try:
+        parsed = make_url(url)
+    except (exc.ArgumentError, ValueError) as error:
+        raise DatabaseError(
+            f"malformed database URL {url!r} ({error}); expected e.g. sqlite:///graph-inspector.db "
+            "or postgresql+psycopg://user:password@host/dbname"
+        ) from None
+    return parsed
+
+
+def _sqlite_file(url: URL) -> Path | None:
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:") or url.query.get("mode") == "memory":
+        return None
+    return Path(database).expanduser().resolve()
+
+
+def _create_engine(url: URL, shown: str, busy_timeout_ms: int) -> Engine:
+    try:
+        engine = create_engine(url)
+    except exc.NoSuchModuleError:
+        raise DatabaseError(
+            f"unsupported database URL {shown}: no SQLAlchemy dialect {url.drivername!r} "
+            "(use sqlite:///path.db or postgresql+psycopg://...)"
+        ) from None
+    except ImportError as error:
+        raise DatabaseError(f"cannot use {shown}: its database driver is not installed ({error})") from None
+    except exc.ArgumentError as error:
+        raise DatabaseError(f"malformed database URL {shown}: {error}") from None
+    if engine.dialect.name == "sqlite":
+        _tune_sqlite(engine, busy_timeout_ms)
+    return engine
+
+
+def _tune_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
+        # Transactions are begun explicitly below (pysqlite's implicit BEGIN is always DEFERRED).
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            try:
+                cursor.execute("PRAGMA journal_mode = WAL")
+                cursor.execute("PRAGMA synchronous = NORMAL")
+            except sqlite3.OperationalError:
+                # A read-only or locked file keeps its journal mode; reading it still works, and a
+                # write will report the real problem.
+                pass
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _translate(error: exc.DBAPIError, shown: str) -> DatabaseError:
+    """A driver error as a message a user can act on."""
+    original = error.orig
+    message = str(original).strip().splitlines()[0] if original is not None else str(error)
+    lowered = message.lower()
+    if "not a database" in lowered or "malformed" in lowered or "disk image" in lowered:
+        return DatabaseError(
+            f"{shown} is not a readable SQLite database ({message}); it was left untouched"
+        )
+    if "locked" in lowered or "busy" in lowered:
+        return StoreUnavailable(f"{shown} is locked by another process ({message})")
+    if "readonly" in lowered or "read-only" in lowered or "unable to open" in lowered:
+        return StoreUnavailable(f"cannot write {shown} ({message}): check the file's permissions")
+    if isinstance(error, exc.OperationalError):
+        return StoreUnavailable(f"cannot use {shown}: {message}")
+    return DatabaseError(f"database error on {shown}: {message}")

@@ -1,0 +1,59 @@
+"""Alembic environment: migrates the connection that ``inspector.schema`` hands over.
+
+The inspector builds its Alembic ``Config`` in code (no alembic.ini needed, so an installed package
+migrates its own database) and passes an open connection in ``config.attributes["connection"]``;
+the caller owns that connection's transaction, which lets it serialise concurrent upgrades.
+Batch mode is on because SQLite cannot ALTER most things in place.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from inspector.models import Base
+
+target_metadata = Base.metadata
+
+
+def _configure(connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=True,
+        compare_type=True,
+    )
+
+
+def run_migrations_online() -> None:
+    connection = context.config.attributes.get("connection")
+    if connection is not None:
+        _configure(connection)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
+    try:
+        with engine.connect() as connection:
+            _configure(connection)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
+
+
+def run_migrations_offline() -> None:
+    context.configure(
+        url=context.config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        render_as_batch=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()
