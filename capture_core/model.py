@@ -1,0 +1,481 @@
+"""The reference workload: a small Llama-style decoder with random weights.
+
+It exists so that the graph cache, the demo, the tests and the benchmarks have a real decoder to
+capture: RMSNorm, rotary embeddings, grouped-query attention and a SwiGLU MLP over vLLM-style
+*flattened* tokens (one row per token of every request in the batch, with its position and the KV
+cache slot of its request). Weights are random but deterministic for a seed, so eager and replayed
+runs can be compared exactly.
+
+Two attention paths compute the same thing:
+
+* without metadata, every token gathers its slot's whole KV row and masks keys after its own
+  position. Every shape depends only on the token count, there is no ``.item()`` and no host sync,
+  so the whole step is capturable as one FULL CUDA graph;
+* with :class:`AttentionMetadata` (query start offsets, sequence lengths, slot per request), each
+  request attends over just its own context. Shapes vary per batch, so this path runs eagerly -
+  between the graph segments of a piecewise graph (see ``capture_core.piecewise``).
+
+Every attention call goes through an :class:`Attention` module, marked as a graph break point; its
+output buffer is allocated by the code before it (inside the preceding graph segment) and filled
+in place, so the segment after it always reads the same address.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from capture_core.piecewise import attention_boundary
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The decoder's shape, the KV cache's size and where it lives.
+
+    ``max_num_seqs`` request slots plus one spare padding slot (index ``max_num_seqs``) make up the
+    KV cache; ``max_seq_len`` is the longest context a slot holds.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_seq_len: int
+    max_num_seqs: int
+    dtype: torch.dtype = torch.float32
+    device: str | torch.device = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_seq_len",
+            "max_num_seqs",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def padding_slot(self) -> int:
+        """The spare KV slot that padded tokens write into (never a real request's)."""
+        return self.max_num_seqs
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> ModelConfig:
+        """A few hundred thousand parameters: hundreds of 256-token steps a minute on 2 CPU cores."""
+        base = cls(
+            vocab_size=512,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=128,
+            max_seq_len=256,
+            max_num_seqs=256,
+        )
+        return replace(base, **overrides)
+
+    @classmethod
+    def small(cls, **overrides: Any) -> ModelConfig:
+        """About 60M parameters: the GPU benchmarks' model."""
+        base = cls(
+            vocab_size=32000,
+            hidden_size=512,
+            num_layers=10,
+            num_heads=8,
+            num_kv_heads=4,
+            intermediate_size=1408,
+            max_seq_len=2048,
+            max_num_seqs=256,
+        )
+        return replace(base, **overrides)
+
+    @classmethod
+    def large(cls, **overrides: Any) -> ModelConfig:
+        """About 1.3B parameters (a TinyLlama-like shape): a realistic graph and pool on an H200."""
+        base = cls(
+            vocab_size=32000,
+            hidden_size=2048,
+            num_layers=24,
+            num_heads=16,
+            num_kv_heads=8,
+            intermediate_size=5632,
+            max_seq_len=1024,
+            max_num_seqs=256,
+        )
+        return replace(base, **overrides)
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where each request of a flattened mixed batch lies, for the eager per-request attention.
+
+    Request ``r`` owns tokens ``query_start_loc[r]:query_start_loc[r + 1]``, lives in KV slot
+    ``slot_ids[r]`` and, after this step, has ``seq_lens[r]`` tokens of context (its new tokens
+    included), so its queries sit at positions ``seq_lens[r] - query_len .. seq_lens[r] - 1``.
+    Tokens after ``query_start_loc[-1]`` are padding. Host integers, because eager attention loops
+    over requests on the host anyway and must not sync with the device to find them.
+    """
+
+    query_start_loc: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    slot_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        num_reqs = len(self.seq_lens)
+        if len(self.query_start_loc) != num_reqs + 1 or len(self.slot_ids) != num_reqs:
+            raise ValueError(
+                f"AttentionMetadata needs num_reqs + 1 query offsets and num_reqs slots: got "
+                f"{len(self.query_start_loc)} offsets, {num_reqs} sequence lengths, "
+                f"{len(self.slot_ids)} slots"
+            )
+        if self.query_start_loc and self.query_start_loc[0] != 0:
+            raise ValueError(f"query_start_loc must start at 0, got {self.query_start_loc[0]}")
+        for r in range(num_reqs):
+            query_len = self.query_start_loc[r + 1] - self.query_start_loc[r]
+            if query_len <= 0:
+                raise ValueError(f"request {r} has query length {query_len}; it must be positive")
+            if self.seq_lens[r] < query_len:
+                raise ValueError(
+                    f"request {r} has sequence length {self.seq_lens[r]} shorter than its "
+                    f"query length {query_len}"
+                )
+
+    @classmethod
+    def build(
+        cls, query_lens: Sequence[int], context_lens: Sequence[int], slot_ids: Sequence[int]
+    ) -> AttentionMetadata:
+        """From per-request query lengths, contexts already cached, and slots."""
+        if not len(query_lens) == len(context_lens) == len(slot_ids):
+            raise ValueError("query_lens, context_lens and slot_ids must have one entry per request")
+        starts = [0]
+        for query_len in query_lens:
+            starts.append(starts[-1] + int(query_len))
+        seq_lens = tuple(int(c) + int(q) for c, q in zip(context_lens, query_lens, strict=True))
+        return cls(tuple(starts), seq_lens, tuple(int(s) for s in slot_ids))
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_actual_tokens(self) -> int:
+        return self.query_start_loc[-1]
+
+    @property
+    def query_lens(self) -> tuple[int, ...]:
+        starts = self.query_start_loc
+        return tuple(starts[r + 1] - starts[r] for r in range(self.num_reqs))
+
+    @property
+    def is_uniform_decode(self) -> bool:
+        """Every request decodes exactly one token (the batches FULL decode graphs serve)."""
+        return all(q == 1 for q in self.query_lens)
+
+
+@dataclass(frozen=True)
+class FlatBatch:
+    """One step's flattened model inputs, with the metadata that describes them."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_ids: torch.Tensor
+    attn_metadata: AttentionMetadata
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def flatten_requests(
+    token_ids: Sequence[Sequence[int]],
+    context_lens: Sequence[int],
+    slot_ids: Sequence[int],
+    *,
+    pad_to: int | None = None,
+    padding_slot: int | None = None,
+    device: str | torch.device = "cpu",
+) -> FlatBatch:
+    """Flatten several requests' new tokens into one vLLM-style batch.
+
+    Request ``r`` brings ``token_ids[r]`` (its prompt chunk, or one decode token) on top of
+    ``context_lens[r]`` tokens already in slot ``slot_ids[r]``. ``pad_to`` pads the batch with
+    tokens that write into ``padding_slot`` at position 0 (their outputs are discarded).
+    """
+    meta = AttentionMetadata.build([len(t) for t in token_ids], context_lens, slot_ids)
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    for tokens, context, slot in zip(token_ids, context_lens, slot_ids, strict=True):
+        ids.extend(int(t) for t in tokens)
+        positions.extend(range(context, context + len(tokens)))
+        slots.extend([int(slot)] * len(tokens))
+    if pad_to is not None:
+        if pad_to < len(ids):
+            raise ValueError(f"pad_to={pad_to} is smaller than the batch's {len(ids)} tokens")
+        if padding_slot is None:
+            raise ValueError("padding a batch needs the model's padding_slot")
+        extra = pad_to - len(ids)
+        ids.extend([0] * extra)
+        positions.extend([0] * extra)
+        slots.extend([padding_slot] * extra)
+
+    def as_tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    return FlatBatch(as_tensor(ids), as_tensor(positions), as_tensor(slots), meta)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float = 1e-6, **factory: Any) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, **factory))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 as Llama does: bf16 squares lose too much.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x32.to(x.dtype) * self.weight
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style rotary embeddings from a cos/sin table indexed by each token's position."""
+
+    def __init__(self, head_dim: int, max_seq_len: int, base: float = 10000.0, **factory: Any) -> None:
+        super().__init__()
+        device = factory.get("device")
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32, device=device), inv_freq)
+        self.register_buffer("cos", angles.cos().to(factory["dtype"]), persistent=False)
+        self.register_buffer("sin", angles.sin().to(factory["dtype"]), persistent=False)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``x``: [tokens, heads, head_dim]."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+@attention_boundary
+class Attention(nn.Module):
+    """Writes this step's K/V into the cache, then attends; fills ``out`` in place.
+
+    Marked as a graph break point: a piecewise graph runs it eagerly between its segments. It
+    holds no parameters, only its layer index (which KV cache plane is its own).
+    """
+
+    def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = 1.0 / math.sqrt(head_dim)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        slot_ids: torch.Tensor,
+        kv_cache: torch.Tensor,
+        out: torch.Tensor,
+        attn_metadata: AttentionMetadata | None = None,
+    ) -> None:
+        """``q``: [T, heads, d]; ``k``, ``v``: [T, kv_heads, d]; ``out``: [T, heads * d]."""
+        k_cache = kv_cache[self.layer_idx, 0]  # [slots, kv_heads, S, d]
+        v_cache = kv_cache[self.layer_idx, 1]
+        k_cache[slot_ids, :, positions] = k
+        v_cache[slot_ids, :, positions] = v
+        if attn_metadata is None:
+            self._gathered(q, positions, slot_ids, k_cache, v_cache, out)
+        else:
+            self._per_request(q, k_cache, v_cache, out, attn_metadata)
+
+    def _gathered(
+        self,
+        q: torch.Tensor,
+        positions: torch.Tensor,
+        slot_ids: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
+        """Each token over its slot's whole row, masked after its position: fixed shapes."""
+        num_tokens, max_seq_len = q.shape[0], k_cache.shape[2]
+        group = self.num_heads // self.num_kv_heads
+        keys = k_cache[slot_ids]  # [T, kv_heads, S, d]: batched matmuls read it without a copy
+        values = v_cache[slot_ids]
+        q = q.view(num_tokens, self.num_kv_heads, group, self.head_dim)
+        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * self.scale  # [T, kv_heads, g, S]
+        key_pos = torch.arange(max_seq_len, device=q.device)
+        hidden = key_pos.unsqueeze(0) > positions.unsqueeze(1)  # [T, S]
+        scores = scores.masked_fill(hidden[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
+        result = torch.matmul(probs, values)  # [T, kv_heads, g, d]
+        out.copy_(result.reshape(num_tokens, self.num_heads * self.head_dim))
+
+    def _per_request(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> None:
+        """Each request over its own context only: shapes vary per batch, so eager only."""
+        group = self.num_heads // self.num_kv_heads
+        starts = meta.query_start_loc
+        for r in range(meta.num_reqs):
+            start, stop, seq_len = starts[r], starts[r + 1], meta.seq_lens[r]
+            query_len = stop - start
+            slot = meta.slot_ids[r]
+            keys = k_cache[slot, :, :seq_len]  # [kv_heads, S, d]
+            values = v_cache[slot, :, :seq_len]
+            # [kv_heads, g * query_len, d]: each KV head's query group as one matrix.
+            query = q[start:stop].view(query_len, self.num_kv_heads, group, self.head_dim)
+            query = query.permute(1, 2, 0, 3).reshape(self.num_kv_heads, group * query_len, self.head_dim)
+            scores = torch.matmul(query, keys.transpose(-1, -2)).float() * self.scale
+            # Query i sits at position seq_len - query_len + i and sees keys up to it.
+            visible = torch.ones(query_len, seq_len, dtype=torch.bool, device=q.device).tril(
+                seq_len - query_len
+            )
+            scores = scores.masked_fill(~visible.repeat(group, 1), float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(values.dtype)
+            result = torch.matmul(probs, values).view(self.num_kv_heads, group, query_len, self.head_dim)
+            result = result.permute(2, 0, 1, 3).reshape(query_len, self.num_heads * self.head_dim)
+            out[start:stop].copy_(result)
+        # Padding tokens belong to no request: give them zeros rather than stale memory.
+        out[meta.num_actual_tokens :].zero_()
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        factory = {"dtype": config.dtype, "device": config.device}
+        hidden, head_dim = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, head_dim
+        self.input_norm = RMSNorm(hidden, **factory)
+        qkv_size = (config.num_heads + 2 * config.num_kv_heads) * head_dim
+        self.qkv_proj = nn.Linear(hidden, qkv_size, bias=False, **factory)
+        self.rotary = RotaryEmbedding(head_dim, config.max_seq_len, **factory)
+        self.attn = Attention(layer_idx, config.num_heads, config.num_kv_heads, head_dim)
+        self.o_proj = nn.Linear(config.num_heads * head_dim, hidden, bias=False, **factory)
+        self.post_attn_norm = RMSNorm(hidden, **factory)
+        self.gate_up_proj = nn.Linear(hidden, 2 * config.intermediate_size, bias=False, **factory)
+        self.down_proj = nn.Linear(config.intermediate_size, hidden, bias=False, **factory)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        slot_ids: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata | None,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        qkv = self.qkv_proj(self.input_norm(hidden))
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = self.rotary(positions, q.reshape(num_tokens, self.num_heads, self.head_dim))
+        k = self.rotary(positions, k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        # Allocated here, before the break point, so a piecewise graph keeps it at a fixed address.
+        out = torch.empty(num_tokens, q_size, dtype=hidden.dtype, device=hidden.device)
+        self.attn(q, k, v, positions, slot_ids, kv_cache, out, attn_metadata)
+        hidden = hidden + self.o_proj(out)
+        gate, up = self.gate_up_proj(self.post_attn_norm(hidden)).chunk(2, dim=-1)
+        return hidden + self.down_proj(nn.functional.silu(gate) * up)
+
+
+class ReferenceDecoder(nn.Module):
+    """A Llama-style decoder over flattened tokens with deterministic random weights.
+
+    ``model(input_ids, positions, slot_ids, kv_cache) -> logits[num_tokens, vocab]``: token ``t``
+    writes its K/V at ``(slot_ids[t], positions[t])`` of every layer's cache plane and attends
+    causally over its slot's row. Pass ``attn_metadata`` for mixed batches run eagerly or
+    piecewise (the same logits, computed per request).
+    """
+
+    def __init__(self, config: ModelConfig, seed: int = 0) -> None:
+        super().__init__()
+        self.config = config
+        factory = {"dtype": config.dtype, "device": config.device}
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, **factory)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory)
+        self._init_weights(seed)
+        self.requires_grad_(False)
+
+    @torch.no_grad()
+    def _init_weights(self, seed: int) -> None:
+        """Seeded normal weights scaled by fan-in, so activations stay O(1) at any size.
+
+        On the meta device there is nothing to fill: that is how sizes are counted for free.
+        """
+        if torch.device(self.config.device).type == "meta":
+            return
+        generator = torch.Generator(device=torch.device(self.config.device)).manual_seed(seed)
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif param.dim() == 2:
+                std = 1.0 if name == "embed.weight" else 1.0 / math.sqrt(param.shape[1])
+                param.normal_(0.0, std, generator=generator)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_ids: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata | None = None,
+    ) -> torch.Tensor:
+        hidden = self.embed(input_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, positions, slot_ids, kv_cache, attn_metadata)
+        return self.lm_head(self.norm(hidden))
+
+    def new_kv_cache(self) -> torch.Tensor:
+        """A zeroed static cache: [layers, 2 (K, V), max_num_seqs + 1 slots, kv_heads, max_seq_len, d].
+
+        The last slot is the padding slot that padded tokens write into.
+        """
+        c = self.config
+        shape = (c.num_layers, 2, c.max_num_seqs + 1, c.num_kv_heads, c.max_seq_len, c.head_dim)
+        return torch.zeros(shape, dtype=c.dtype, device=c.device)
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.parameters())
