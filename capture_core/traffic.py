@@ -22,7 +22,7 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from capture_core.sizes import SizeTable
@@ -72,10 +72,12 @@ class Trace:
 
 
 def _parse_timestamp(text: str) -> float:
-    """Epoch-free seconds of ``YYYY-MM-DD HH:MM:SS[.fffffff]``: the trace has 7 fractional digits,
+    """Seconds (UTC epoch) of ``YYYY-MM-DD HH:MM:SS[.fffffff]``: the trace has 7 fractional digits,
     more than ``datetime`` parses before Python 3.11, so the fraction is read separately."""
     base, _, fraction = text.strip().partition(".")
-    moment = datetime.strptime(base, "%Y-%m-%d %H:%M:%S")
+    if len(base) != 19:  # fromisoformat would also take other ISO forms; the trace has only this one
+        raise ValueError(f"bad timestamp {text!r}")
+    moment = datetime.fromisoformat(base).replace(tzinfo=timezone.utc)  # no DST jumps in the arithmetic
     if fraction and not fraction.isdigit():
         raise ValueError(f"bad fractional seconds {fraction!r}")
     return moment.timestamp() + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)
