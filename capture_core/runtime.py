@@ -1,0 +1,271 @@
+"""The graph runtime: what every wrapper of one engine shares.
+
+One ``GraphRuntime`` holds the backend (and through it the one shared graph pool), the capture
+guard, the address-check mode, the unexpected-capture policy, the warm-up count and the observer.
+Wrappers ask it whether they may capture and tell it what they found; it turns findings into
+events, and events into errors where the configuration says so.
+
+The capture guard: captures happen only inside ``with runtime.capture_phase():``. Leaving the
+outermost phase locks capture for good - start-up is over. Before the phase, a batch with no graph
+simply runs eagerly. After the lock, a capture attempt is an *unexpected capture* (in production:
+a multi-second stall of one step); it is always reported, then raised, served eagerly or captured
+anyway, by policy. Never silent.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from capture_core.backends import GraphBackend, select_backend
+from capture_core.checks import (
+    AddressCheckMode,
+    AddressDriftError,
+    Drift,
+    GraphCacheError,
+    drift_message,
+    effective_check_mode,
+)
+from capture_core.descriptor import BatchDescriptor
+from capture_core.events import CaptureEvent, GraphObserver, NullObserver, ViolationEvent, ViolationKind
+from capture_core.forward_context import set_forward_context
+from capture_core.modes import CUDAGraphMode
+from capture_core.progress import ProgressBar
+from capture_core.sizes import EagerReason
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WARMUP_ITERS = 3
+
+
+class UnexpectedCaptureError(GraphCacheError):
+    """A capture was attempted after start-up locked capture, under the RAISE policy."""
+
+
+class UnexpectedCapturePolicy(str, enum.Enum):
+    """What to do with a capture attempt after the lock (the event is emitted in every case)."""
+
+    RAISE = "raise"
+    EAGER = "eager"
+    """Serve the batch eagerly: slower, but no stall and no crash."""
+    CAPTURE = "capture"
+    """Capture anyway (the stall happens), recorded with ``CaptureEvent.unexpected=True``."""
+
+    @classmethod
+    def parse(cls, value: UnexpectedCapturePolicy | str) -> UnexpectedCapturePolicy:
+        if isinstance(value, UnexpectedCapturePolicy):
+            return value
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            choices = ", ".join(p.value for p in cls)
+            message = f"unknown unexpected-capture policy {value!r}; choose one of {choices}"
+            raise ValueError(message) from None
+
+
+class CapturePhase(str, enum.Enum):
+    BEFORE = "before"
+    CAPTURING = "capturing"
+    LOCKED = "locked"
+
+
+class CaptureDecision(enum.Enum):
+    """The runtime's answer to a wrapper that has no graph for a batch."""
+
+    CAPTURE = "capture"
+    CAPTURE_UNEXPECTED = "capture_unexpected"
+    EAGER = "eager"
+
+
+class GraphRuntime:
+    """Shared state and policy for every graph wrapper of one engine."""
+
+    def __init__(
+        self,
+        backend: str | GraphBackend = "auto",
+        *,
+        address_check: AddressCheckMode | str = AddressCheckMode.ALWAYS_ON,
+        unexpected_capture: UnexpectedCapturePolicy | str = UnexpectedCapturePolicy.RAISE,
+        warmup_iters: int = DEFAULT_WARMUP_ITERS,
+        observer: GraphObserver | None = None,
+        progress: bool = True,
+    ) -> None:
+        if isinstance(warmup_iters, bool) or not isinstance(warmup_iters, int) or warmup_iters < 0:
+            raise ValueError(f"warmup_iters must be an integer >= 0, got {warmup_iters!r}")
+        self.backend: GraphBackend = select_backend(backend)
+        self.address_check: AddressCheckMode = effective_check_mode(address_check)
+        self.unexpected_capture = UnexpectedCapturePolicy.parse(unexpected_capture)
+        self.warmup_iters = warmup_iters
+        self.observer: GraphObserver = observer if observer is not None else NullObserver()
+        self.progress = progress
+        self.phase = CapturePhase.BEFORE
+        self._phase_depth = 0
+        self._injected_depth = 0
+        self._warned: set[tuple[str, str, str, str | None]] = set()
+        # Serialises captures (micro-batch threads may reach a capture together); replays never take it.
+        self.capture_lock = threading.RLock()
+        log.info(
+            "graph runtime: backend=%s address_check=%s unexpected_capture=%s warmup_iters=%d",
+            self.backend_name, self.address_check.value, self.unexpected_capture.value, warmup_iters,
+        )
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @property
+    def locked(self) -> bool:
+        return self.phase is CapturePhase.LOCKED
+
+    @contextmanager
+    def capture_phase(self) -> Iterator[GraphRuntime]:
+        """Allow captures inside; leaving the outermost phase locks capture for good."""
+        if self.phase is CapturePhase.LOCKED:
+            raise GraphCacheError(
+                "capture is locked: the capture phase already ended (start-up is over); "
+                "a runtime has exactly one capture phase"
+            )
+        self._phase_depth += 1
+        self.phase = CapturePhase.CAPTURING
+        try:
+            yield self
+        finally:
+            self._phase_depth -= 1
+            if self._phase_depth == 0:
+                self.lock()
+
+    def lock(self) -> None:
+        """End start-up: from now on every capture attempt is an unexpected capture."""
+        self.phase = CapturePhase.LOCKED
+        log.info("graph capture locked: later capture attempts are unexpected captures")
+
+    @contextmanager
+    def injected_faults(self) -> Iterator[None]:
+        """Mark every violation reported inside as planted on purpose (``injected=True``)."""
+        self._injected_depth += 1
+        try:
+            yield
+        finally:
+            self._injected_depth -= 1
+
+    def admit_capture(
+        self, wrapper: str, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int
+    ) -> CaptureDecision:
+        """Decide what a wrapper with no graph for ``descriptor`` does; may raise by policy."""
+        if self.phase is CapturePhase.CAPTURING:
+            return CaptureDecision.CAPTURE
+        if self.phase is CapturePhase.BEFORE:
+            self.observer.on_eager(EagerReason.BEFORE_CAPTURE_PHASE, num_real_tokens, mode)
+            return CaptureDecision.EAGER
+        policy = self.unexpected_capture
+        outcome = {
+            UnexpectedCapturePolicy.RAISE: "raised an error",
+            UnexpectedCapturePolicy.EAGER: "served the batch eagerly",
+            UnexpectedCapturePolicy.CAPTURE: "captured it anyway, stalling this step",
+        }[policy]
+        message = (
+            f"unexpected capture: wrapper {wrapper!r} has no graph for {descriptor.key} ({mode.label}) "
+            f"and capture was locked at the end of start-up; policy {policy.value!r} {outcome}. "
+            "Add this size to the capture sizes so it is captured at start-up."
+        )
+        self.report_violation(
+            ViolationEvent(
+                kind=ViolationKind.UNEXPECTED_CAPTURE,
+                descriptor=descriptor,
+                mode=mode,
+                wrapper=wrapper,
+                message=message,
+                stack=caller_stack(),
+            )
+        )
+        if policy is UnexpectedCapturePolicy.RAISE:
+            raise UnexpectedCaptureError(message)
+        if policy is UnexpectedCapturePolicy.EAGER:
+            self.observer.on_eager(EagerReason.UNEXPECTED_CAPTURE, num_real_tokens, mode)
+            return CaptureDecision.EAGER
+        log.warning("%s", message)
+        return CaptureDecision.CAPTURE_UNEXPECTED
+
+    def report_capture(self, event: CaptureEvent) -> None:
+        log.debug(
+            "captured %s %s in %s: %.3fs, %d pool bytes (backend %s)",
+            event.mode.label, event.descriptor.key, event.wrapper, event.capture_seconds,
+            event.pool_bytes, event.backend,
+        )
+        self.observer.on_capture(event)
+
+    def report_violation(self, event: ViolationEvent) -> ViolationEvent:
+        """Send a violation to the observer, marked injected inside ``injected_faults()``."""
+        if self._injected_depth and not event.injected:
+            event = replace(event, injected=True)
+        # Every event reaches the observer; the log warns once per kind, wrapper, graph and input,
+        # so a drift on every step does not bury the log.
+        key = (event.kind.value, event.wrapper, event.descriptor.key, event.input_name)
+        level = logging.DEBUG if key in self._warned else logging.WARNING
+        self._warned.add(key)
+        log.log(level, "%s%s", "[injected] " if event.injected else "", event.message)
+        self.observer.on_violation(event)
+        return event
+
+    def report_drift(
+        self, wrapper: str, mode: CUDAGraphMode, descriptor: BatchDescriptor, drifts: Sequence[Drift]
+    ) -> None:
+        """One event per drifted input; then, in DEBUG mode, raise ``AddressDriftError``."""
+        stack = caller_stack()
+        for drift in drifts:
+            self.report_violation(
+                ViolationEvent(
+                    kind=ViolationKind.ADDRESS_DRIFT,
+                    descriptor=descriptor,
+                    mode=mode,
+                    wrapper=wrapper,
+                    message=drift_message(wrapper, mode, descriptor, [drift]),
+                    input_name=drift.name,
+                    expected_address=drift.expected,
+                    actual_address=drift.actual,
+                    stack=stack,
+                )
+            )
+        if self.address_check is AddressCheckMode.DEBUG:
+            raise AddressDriftError(drift_message(wrapper, mode, descriptor, drifts))
+
+    def capture_all(
+        self,
+        graphs: Iterable[tuple[CUDAGraphMode, BatchDescriptor]],
+        run: Callable[[CUDAGraphMode, BatchDescriptor], Any],
+        label: str = "Capturing graphs",
+    ) -> None:
+        """Capture every ``(mode, descriptor)``, largest first, with a progress bar.
+
+        For each one, ``run(mode, descriptor)`` is called under that forward context inside the
+        capture phase; it should call the wrapped model once on dummy inputs of that size.
+        """
+        ordered = sorted(graphs, key=lambda md: md[1].num_tokens, reverse=True)
+        bar = ProgressBar(len(ordered), label, enabled=self.progress)
+        try:
+            with self.capture_phase():
+                for mode, descriptor in ordered:
+                    with set_forward_context(mode, descriptor):
+                        run(mode, descriptor)
+                    bar.advance(f"{mode.name} tokens={descriptor.num_tokens}")
+        finally:
+            bar.close()
+
+
+_INTERNAL_FILES = tuple(
+    os.path.join(os.path.dirname(__file__), name)
+    for name in ("runtime.py", "wrapper.py", "checks.py", "backends.py", "forward_context.py")
+)
+
+
+def caller_stack(limit: int = 30) -> str:
+    """The caller's stack, without the graph cache's own frames: where the bad call came from."""
+    frames = [f for f in traceback.extract_stack() if f.filename not in _INTERNAL_FILES]
+    return "".join(traceback.format_list(frames[-limit:]))
