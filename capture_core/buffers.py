@@ -55,6 +55,11 @@ class StaticBuffers:
             self._views[num_tokens] = views
         return views
 
+    def reset(self) -> None:
+        """Fill every buffer with its pad value (dummy inputs for capture runs)."""
+        for name, tensor in self.tensors.items():
+            tensor.fill_(self.specs[name].pad_value)
+
     def load(
         self, num_tokens: int, **values: torch.Tensor | Sequence[int] | Sequence[float]
     ) -> dict[str, torch.Tensor]:

@@ -1,0 +1,206 @@
+"""The decode runner: the bucketed CUDA-graph decode loop of the tutorial, on the graph cache.
+
+Start-up: allocate the static KV cache and static inputs (token ids, positions, KV slots) at the
+largest capture size, then capture one FULL graph per bucket, largest first, inside the capture
+phase, and lock. Each step: the dispatcher picks the bucket (or eager, with the reason, above the
+largest), real values are ``copy_``-ed into the static inputs, the padding rows point at the KV
+cache's spare slot, the graph replays, and the logits are sliced to the real tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from capture_core.buffers import BufferSpec, StaticBuffers
+from capture_core.descriptor import BatchDescriptor
+from capture_core.dispatcher import CUDAGraphDispatcher
+from capture_core.forward_context import set_forward_context
+from capture_core.modes import CUDAGraphMode
+from capture_core.runtime import GraphRuntime
+from capture_core.sizes import SizeTable
+from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
+
+INPUT_NAMES = ("input_ids", "positions", "slot_ids")
+
+
+class DecodeRunner:
+    """Uniform-decode steps (one new token per request) served from FULL graphs per bucket.
+
+    ``model`` follows the reference decoder's contract: ``model(input_ids, positions, slot_ids,
+    kv_cache) -> logits[num_tokens, vocab]`` with fixed shapes per token count, ``new_kv_cache()``
+    with a spare padding slot at index ``max_num_seqs``, and a ``config`` with ``max_num_seqs``
+    and ``device`` (or pass them). ``mode`` must decode in FULL graphs (FULL, FULL_DECODE_ONLY,
+    FULL_AND_PIECEWISE) or be NONE (every step eager).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        runtime: GraphRuntime,
+        sizes: SizeTable | Sequence[int],
+        mode: CUDAGraphMode = CUDAGraphMode.FULL,
+        max_num_seqs: int | None = None,
+        device: torch.device | str | None = None,
+        name: str = "decode",
+    ) -> None:
+        config = getattr(model, "config", None)
+        if mode.decode_mode() not in (CUDAGraphMode.FULL, CUDAGraphMode.NONE):
+            raise ValueError(
+                f"the decode runner replays FULL graphs for decode steps; mode {mode.name} decodes "
+                f"in {mode.decode_mode().name}"
+            )
+        if max_num_seqs is None:
+            max_num_seqs = getattr(config, "max_num_seqs", None)
+        if max_num_seqs is None:
+            raise ValueError("pass max_num_seqs: the model has no config.max_num_seqs")
+        self.max_num_seqs: int = max_num_seqs
+        self.device = torch.device(device if device is not None else getattr(config, "device", "cpu"))
+        self.model = model
+        self.runtime = runtime
+        self.mode = mode
+        self.dispatcher = CUDAGraphDispatcher(mode, sizes)
+        table = self.dispatcher.sizes
+        if table.max_size > self.max_num_seqs:
+            raise ValueError(
+                f"the largest capture size {table.max_size} is above max_num_seqs={self.max_num_seqs}: "
+                "a decode step has one token per request, so it can never fill that bucket"
+            )
+        self.padding_slot = self.max_num_seqs
+        self.kv_cache: torch.Tensor = model.new_kv_cache()
+        self.buffers = StaticBuffers(
+            table.max_size,
+            {
+                "input_ids": BufferSpec(torch.long, 0),
+                "positions": BufferSpec(torch.long, 0),
+                "slot_ids": BufferSpec(torch.long, self.padding_slot),
+            },
+            device=self.device,
+        )
+        self.graphed = CUDAGraphWrapper(model, runtime, CUDAGraphMode.FULL, name=name)
+
+    @property
+    def capture_sizes(self) -> tuple[int, ...]:
+        return self.dispatcher.sizes.sizes
+
+    @property
+    def graphs(self) -> Mapping[BatchDescriptor, GraphEntry]:
+        return self.graphed.graphs
+
+    def capture(self) -> None:
+        """Capture every bucket's graph, largest first, with a progress bar; then lock capture."""
+        graphs = [(CUDAGraphMode.FULL, d) for d in self.dispatcher.capture_descriptors(CUDAGraphMode.FULL)]
+        self.buffers.reset()  # dummy inputs: every write lands in the spare padding slot
+
+        def capture_one(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> None:
+            views = self.buffers.views(descriptor.num_tokens)
+            with torch.no_grad():
+                self.graphed(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
+
+        self.runtime.capture_all(graphs, capture_one, label=f"Capturing {self.graphed.name} graphs")
+
+    def step(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """One decode step; returns logits ``[num_real_tokens, vocab]``.
+
+        On a graph, the result is a view of the graph's static output: read it (or clone it)
+        before the next step overwrites it.
+        """
+        num_tokens = _num_tokens(input_ids, positions, slot_ids)
+        routed = self.dispatcher.route(num_tokens, uniform_decode=True)
+        if routed.eager_reason is not None:
+            self.runtime.observer.on_eager(routed.eager_reason, num_tokens, self.mode.decode_mode())
+            return self.step_eager(input_ids, positions, slot_ids)
+        views = self.buffers.load(
+            routed.descriptor.num_tokens, input_ids=input_ids, positions=positions, slot_ids=slot_ids
+        )
+        with torch.no_grad(), set_forward_context(routed.mode, routed.descriptor, num_tokens):
+            logits = self.graphed(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
+        return logits[:num_tokens]
+
+    def step_eager(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The same step run eagerly on the unpadded inputs: the reference replays must equal."""
+        _num_tokens(input_ids, positions, slot_ids)
+        with torch.no_grad():
+            return self.model(
+                input_ids.to(self.device), positions.to(self.device), slot_ids.to(self.device), self.kv_cache
+            )
+
+    def inject_address_drift(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """A planted fault: one step that passes a fresh ``input_ids`` tensor instead of the static one.
+
+        The graph reads the captured buffer, so the result is stale; the event is marked injected.
+        In DEBUG checks this raises ``AddressDriftError``.
+        """
+        num_tokens = _num_tokens(input_ids, positions, slot_ids)
+        routed = self.dispatcher.route(num_tokens, uniform_decode=True)
+        if routed.eager_reason is not None:
+            reason = routed.eager_reason.value
+            raise ValueError(f"{num_tokens} tokens run eagerly ({reason}): there is no graph to drift")
+        views = self.buffers.load(
+            routed.descriptor.num_tokens, input_ids=input_ids, positions=positions, slot_ids=slot_ids
+        )
+        moved = views["input_ids"].clone()
+        with (
+            self.runtime.injected_faults(),
+            torch.no_grad(),
+            set_forward_context(routed.mode, routed.descriptor, num_tokens),
+        ):
+            logits = self.graphed(moved, views["positions"], views["slot_ids"], self.kv_cache)
+        return logits[:num_tokens]
+
+    def inject_unexpected_capture(self) -> BatchDescriptor:
+        """A planted fault: ask for a graph that start-up never captured, after the lock.
+
+        Runs on dummy inputs (writing only the spare KV slot). The event is marked injected; what
+        follows is the runtime's policy (raise ``UnexpectedCaptureError``, serve eagerly, or
+        capture). Returns the descriptor it asked for.
+        """
+        descriptor = self._uncaptured_descriptor()
+        views = self.buffers.views(descriptor.num_tokens)
+        dummy = {"input_ids": 0, "positions": 0, "slot_ids": self.padding_slot}
+        for name, value in dummy.items():
+            views[name].fill_(value)
+        with (
+            self.runtime.injected_faults(),
+            torch.no_grad(),
+            set_forward_context(CUDAGraphMode.FULL, descriptor),
+        ):
+            self.graphed(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
+        return descriptor
+
+    def _uncaptured_descriptor(self) -> BatchDescriptor:
+        held = self.graphed.graphs
+        table = self.dispatcher.sizes
+        for size in range(1, table.max_size + 1):
+            if size not in table:
+                return BatchDescriptor(size, size, True)
+        for size in table.sizes:
+            for candidate in (BatchDescriptor(size, size, True), BatchDescriptor(size)):
+                if candidate not in held:
+                    return candidate
+        raise ValueError("every descriptor this runner could ask for is already captured")
+
+    def __repr__(self) -> str:
+        return (
+            f"DecodeRunner(mode={self.mode.name}, sizes={list(self.capture_sizes)}, "
+            f"backend={self.runtime.backend_name}, graphs={len(self.graphed.graphs)})"
+        )
+
+
+def _num_tokens(input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor) -> int:
+    tensors = (input_ids, positions, slot_ids)
+    shapes = {name: tuple(t.shape) for name, t in zip(INPUT_NAMES, tensors, strict=True)}
+    if len(set(shapes.values())) != 1 or len(shapes["input_ids"]) != 1:
+        raise ValueError(f"input_ids, positions and slot_ids must be 1-D of one length, got shapes {shapes}")
+    num_tokens = shapes["input_ids"][0]
+    if num_tokens <= 0:
+        raise ValueError("a decode step needs at least one token")
+    return num_tokens
