@@ -154,9 +154,17 @@ def open_store(
     store = Store(resolved, engine)
     try:
         with engine.connect() as conn:
-            # Reading the schema makes SQLite read the header: a non-database file fails here.
+            # Reading the schema makes SQLite read the header: a non-database file fails here,
+            # before anything has written to it.
             schema.check_compatible(conn, shown)
-    except exc.DBAPIError as error:
+        if path is not None and upgrade:
+            # Persistent in the file, so readers need not (and must not: they may lack write access).
+            raw = engine.raw_connection()
+            try:
+                raw.cursor().execute("PRAGMA journal_mode = WAL")
+            finally:
+                raw.close()
+    except (exc.DBAPIError, sqlite3.Error) as error:
         engine.dispose()
         raise _translate(error, shown) from None
     except DatabaseError:
@@ -217,13 +225,9 @@ def _tune_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             cursor.execute("PRAGMA foreign_keys = ON")
-            try:
-                cursor.execute("PRAGMA journal_mode = WAL")
-                cursor.execute("PRAGMA synchronous = NORMAL")
-            except sqlite3.OperationalError:
-                # A read-only or locked file keeps its journal mode; reading it still works, and a
-                # write will report the real problem.
-                pass
+            # Per connection, writes nothing: WAL makes a commit durable against a process crash
+            # without an fsync per transaction. (WAL itself is switched on once, by open_store.)
+            cursor.execute("PRAGMA synchronous = NORMAL")
         finally:
             cursor.close()
 
@@ -233,10 +237,10 @@ def _tune_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def _translate(error: exc.DBAPIError, shown: str) -> DatabaseError:
+def _translate(error: Exception, shown: str) -> DatabaseError:
     """A driver error as a message a user can act on."""
-    original = error.orig
-    message = str(original).strip().splitlines()[0] if original is not None else str(error)
+    original = getattr(error, "orig", None) or error
+    message = (str(original).strip().splitlines() or [type(original).__name__])[0]
     lowered = message.lower()
     if "not a database" in lowered or "malformed" in lowered or "disk image" in lowered:
         return DatabaseError(
@@ -246,6 +250,6 @@ def _translate(error: exc.DBAPIError, shown: str) -> DatabaseError:
         return StoreUnavailable(f"{shown} is locked by another process ({message})")
     if "readonly" in lowered or "read-only" in lowered or "unable to open" in lowered:
         return StoreUnavailable(f"cannot write {shown} ({message}): check the file's permissions")
-    if isinstance(error, exc.OperationalError):
+    if isinstance(error, (exc.OperationalError, sqlite3.OperationalError)):
         return StoreUnavailable(f"cannot use {shown}: {message}")
     return DatabaseError(f"database error on {shown}: {message}")

@@ -1,0 +1,155 @@
+"""The store: URL resolution, creation and upgrade to head, and refusing what it must not touch."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, select, text
+
+from inspector import schema
+from inspector.errors import DatabaseError
+from inspector.models import Base, Run
+from inspector.store import DEFAULT_URL, ENV_VAR, StoreUnavailable, open_store, resolve_url
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_resolve_url_prefers_argument_then_environment_then_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert resolve_url(None) == DEFAULT_URL
+    monkeypatch.setenv(ENV_VAR, "sqlite:///from-env.db")
+    assert resolve_url(None) == "sqlite:///from-env.db"
+    assert resolve_url("sqlite:///from-arg.db") == "sqlite:///from-arg.db"
+
+
+def test_empty_database_upgrades_to_head_without_drift(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        assert store.current_revision() == schema.head_revision()
+        with store.engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+            tables = set(inspect(conn).get_table_names())
+        assert diff == [], f"models and migrations disagree: {diff}"
+        assert set(Base.metadata.tables) <= tables
+    finally:
+        store.dispose()
+
+
+def test_reopening_keeps_rows_and_revision(db_url: str) -> None:
+    store = open_store(db_url)
+    with store.session() as session:
+        session.add(Run(label="kept", host="h", pid=1, process="p", rank=0, world_size=1, device="cpu",
+                        backend="eager", config="{}", started_at=1.0, last_seen_at=1.0, dropped_events=0))
+    store.dispose()
+    again = open_store(db_url)
+    try:
+        with again.session() as session:
+            assert session.scalars(select(Run.label)).all() == ["kept"]
+        assert again.current_revision() == schema.head_revision()
+    finally:
+        again.dispose()
+
+
+def test_session_rolls_back_on_error(sqlite_url: str) -> None:
+    store = open_store(sqlite_url)
+    with pytest.raises(RuntimeError), store.session() as session:
+        session.add(Run(label="lost", host="h", pid=1, process="p", rank=0, world_size=1, device="cpu",
+                        backend="eager", config="{}", started_at=1.0, last_seen_at=1.0, dropped_events=0))
+        session.flush()
+        raise RuntimeError("boom")
+    with store.session() as session:
+        assert session.scalars(select(Run)).all() == []
+
+
+def test_sqlite_store_uses_wal_and_a_busy_timeout(sqlite_url: str) -> None:
+    store = open_store(sqlite_url, busy_timeout_ms=1234)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 1234
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+@pytest.mark.parametrize("url", ["not a url", "sqlite//missing-colon.db", "nosuchdialect://x/y"])
+def test_malformed_url_is_a_clear_error(url: str) -> None:
+    with pytest.raises(DatabaseError, match=r"(?i)malformed|unsupported"):
+        open_store(url)
+
+
+def test_missing_directory_is_reported_as_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailable, match="does not exist"):
+        open_store(f"sqlite:///{tmp_path / 'nope' / 'x.db'}")
+
+
+def test_reader_does_not_create_a_missing_database(tmp_path: Path) -> None:
+    path = tmp_path / "absent.db"
+    with pytest.raises(DatabaseError, match="no database"):
+        open_store(f"sqlite:///{path}", upgrade=False)
+    assert not path.exists()
+
+
+def test_non_sqlite_file_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_text("these are my notes, not a database\n" * 200)
+    before = _digest(path)
+    with pytest.raises(DatabaseError, match="not a readable SQLite database"):
+        open_store(f"sqlite:///{path}")
+    assert _digest(path) == before
+    assert not Path(f"{path}-wal").exists()
+
+
+def test_corrupt_sqlite_file_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t (x)")
+    conn.executemany("INSERT INTO t VALUES (?)", [("x" * 500,)] * 50)
+    conn.commit()
+    conn.close()
+    data = bytearray(path.read_bytes())
+    data[100:4096] = b"\xff" * (4096 - 100)  # keep the header, wreck the schema page
+    path.write_bytes(bytes(data))
+    before = _digest(path)
+    with pytest.raises(DatabaseError, match="not a readable SQLite database"):
+        open_store(f"sqlite:///{path}")
+    assert _digest(path) == before
+
+
+def test_another_applications_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.commit()
+    conn.close()
+    before = _digest(path)
+    with pytest.raises(DatabaseError, match="not a graph-inspector database"):
+        open_store(f"sqlite:///{path}")
+    assert _digest(path) == before
+
+
+def test_database_from_a_newer_schema_is_refused_and_left_untouched(db_url: str, tmp_path: Path) -> None:
+    store = open_store(db_url)
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'ffff_from_the_future'"))
+    store.dispose()
+    with pytest.raises(DatabaseError, match="newer graph-inspector"):
+        open_store(db_url)
+    with pytest.raises(DatabaseError, match="newer graph-inspector"):
+        open_store(db_url, upgrade=False)
+    assert _raw_revision(db_url) == "ffff_from_the_future"
+
+
+def _raw_revision(url: str) -> str:
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+    finally:
+        engine.dispose()
