@@ -1,0 +1,447 @@
+"""Decode step: the graph cache against the bare limit, eager, and torch.compile, side by side.
+
+For the reference decoder at two sizes (``ModelConfig.small()`` ~60M and ``ModelConfig.large()``
+~1.3B parameters, bf16) and every power-of-two batch size 1..256, one decode step (one token per
+request) is timed as:
+
+* ``eager``: the model called directly;
+* ``bare``: the limit, hand-written CUDA graphs (``bench/bare_graphs.py``): copy in, replay, clone out;
+* ``runner``: ``capture_core.runner.DecodeRunner`` with a real inspector ``Recorder`` as observer
+  (SQLite in a temp dir, its flush thread running), address check off; ``+check``: the same runner
+  with the always-on address check; ``+debug``: with debug checks. The runner's logits are cloned
+  out, as the bare loop's are;
+* ``compile``: ``torch.compile(model, mode="reduce-overhead")``, the peer, with its outputs cloned.
+  Whether it graphs at all is reported: CUDA graphs captured by its cudagraph trees (counted at
+  ``CUDAGraph.capture_begin``) and its cudagraph skips (the inductor counter and the reasons it
+  logs).
+
+Each step ends with a synchronize and is timed with CUDA events: the figure is a step's latency,
+host work included, as in a decode loop that samples on the host. All variants are timed
+interleaved in rounds within one run, and every ratio is to the bare loop of the same run.
+
+Targets: runner + recorder within 1.02x of bare at every batch size; the always-on check under 2%
+of the step at batch 1 on the small model.
+
+    python3 bench/gpu_decode.py --out bench/results/gpu_decode.json
+
+``--quick`` runs the tiny model at batch sizes 1, 2, 4 in seconds (on a CPU too, where the eager
+backend stands in for the runner and the CUDA-only variants are skipped with a note).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from bench.bare_graphs import BareGraphLoop
+from bench.common import (
+    Budget,
+    CallTimer,
+    Stats,
+    base_parser,
+    command_line,
+    needs_cuda,
+    print_table,
+    print_targets,
+    resolve_device,
+    target,
+    temporary_recorder,
+    time_interleaved,
+    write_results,
+)
+from capture_core.backends import EagerBackend
+from capture_core.checks import AddressCheckMode
+from capture_core.events import GraphObserver
+from capture_core.model import ModelConfig, ReferenceDecoder
+from capture_core.modes import CUDAGraphMode
+from capture_core.runner import DecodeRunner
+from capture_core.runtime import GraphRuntime
+from capture_core.sizes import power_of_two_sizes
+
+EAGER, BARE, RUNNER, CHECK, DEBUG, COMPILE = "eager", "bare", "runner", "+check", "+debug", "compile"
+RUNNER_CHECKS = {
+    RUNNER: AddressCheckMode.OFF,
+    CHECK: AddressCheckMode.ALWAYS_ON,
+    DEBUG: AddressCheckMode.DEBUG,
+}
+RUNNER_TARGET = 1.02
+CHECK_TARGET_PCT = 2.0
+POSITION = 100
+"""Every token decodes at this position (attention reads the slot's whole row either way)."""
+
+
+@dataclass
+class GraphTreeWatch:
+    """Whether torch.compile's cudagraph trees graph at all: captures made, skips and their reasons."""
+
+    captures: int = 0
+    skips_at_start: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def skips(self) -> int:
+        from torch._dynamo.utils import counters
+
+        return counters["inductor"]["cudagraph_skips"] - self.skips_at_start
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"graphs_captured": self.captures, "cudagraph_skips": self.skips, "skip_reasons": self.reasons}
+
+
+class _ReasonHandler(logging.Handler):
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.reasons = reasons
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage().strip()
+        if message not in self.reasons and len(self.reasons) < 20:
+            self.reasons.append(message[:300])
+
+
+@contextmanager
+def watch_graph_trees() -> Iterator[GraphTreeWatch]:
+    """Count the CUDA graphs cudagraph trees capture and collect the skip reasons it logs.
+
+    Captures are counted where every CUDA graph starts (``CUDAGraph.capture_begin``) when the
+    caller's stack passes through inductor's ``cudagraph_trees.py``, so the bare loop's and the
+    runner's own captures are not counted. Skip reasons come from inductor's ``cudagraphs`` log
+    artifact (off by default, so it does not propagate: the handler sits on that logger itself).
+    """
+    from torch._dynamo.utils import counters
+
+    watch = GraphTreeWatch(skips_at_start=counters["inductor"]["cudagraph_skips"])
+    original = torch.cuda.CUDAGraph.capture_begin
+    trees_file = os.path.join("_inductor", "cudagraph_trees.py")
+
+    def counting_capture_begin(graph: torch.cuda.CUDAGraph, *args: Any, **kwargs: Any) -> Any:
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_filename.endswith(trees_file):
+                watch.captures += 1
+                break
+            frame = frame.f_back
+        return original(graph, *args, **kwargs)
+
+    logger = logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs")
+    handler = _ReasonHandler(watch.reasons)
+    logger.addHandler(handler)
+    torch.cuda.CUDAGraph.capture_begin = counting_capture_begin  # type: ignore[method-assign]
+    try:
+        yield watch
+    finally:
+        torch.cuda.CUDAGraph.capture_begin = original  # type: ignore[method-assign]
+        logger.removeHandler(handler)
+
+
+def model_config(name: str, device: torch.device) -> ModelConfig:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(ModelConfig, name)(dtype=dtype, device=str(device))
+
+
+def decode_inputs(batch: int, config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """One uniform-decode step of ``batch`` requests: one token each, each in its own slot."""
+    generator = torch.Generator().manual_seed(batch)
+    input_ids = torch.randint(0, config.vocab_size, (batch,), generator=generator).to(device)
+    positions = torch.full((batch,), min(POSITION, config.max_seq_len - 1), dtype=torch.long, device=device)
+    slot_ids = torch.arange(batch, dtype=torch.long, device=device)
+    return input_ids, positions, slot_ids
+
+
+def build_runner(
+    model: ReferenceDecoder, sizes: list[int], device: torch.device, observer: GraphObserver
+) -> DecodeRunner:
+    backend: Any = "cuda" if device.type == "cuda" else EagerBackend()
+    runtime = GraphRuntime(backend, address_check=AddressCheckMode.OFF, observer=observer, progress=False)
+    runner = DecodeRunner(model, runtime, sizes, mode=CUDAGraphMode.FULL)
+    runner.capture()
+    return runner
+
+
+def runner_step(
+    runner: DecodeRunner, check: AddressCheckMode, inputs: tuple[torch.Tensor, ...]
+) -> Callable[[], Any]:
+    """A runner variant: the check mode is set per call (one attribute store) so one runner serves all."""
+    runtime = runner.runtime
+
+    def step() -> torch.Tensor:
+        runtime.address_check = check
+        return runner.step(*inputs).clone()
+
+    return step
+
+
+def measure_model(
+    name: str, sizes: list[int], device: torch.device, budget: Budget, models_left: int, args: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """Every variant at every size for one model size; returns its results and notes."""
+    notes: list[str] = []
+    config = model_config(name, device)
+    model = ReferenceDecoder(config)
+    on_cuda = device.type == "cuda"
+    result: dict[str, Any] = {
+        "model": name,
+        "params": model.param_count(),
+        "dtype": str(config.dtype).removeprefix("torch."),
+        "max_seq_len": config.max_seq_len,
+        "sizes": [],
+    }
+    print(
+        f"\n== {name}: {result['params'] / 1e6:.1f}M parameters, {result['dtype']}, batch sizes {sizes}",
+        flush=True,
+    )
+    kv_cache = model.new_kv_cache()
+    compiled = None
+    with temporary_recorder(f"bench gpu_decode {name}") as recorder:
+        started = time.perf_counter()
+        runner = build_runner(model, sizes, device, recorder)
+        result["runner_capture_s"] = time.perf_counter() - started
+        bare = None
+        if on_cuda:
+            bare = BareGraphLoop(model, kv_cache, sizes, padding_slot=config.padding_slot)
+            result["bare_capture_s"] = bare.total_capture_seconds
+        else:
+            notes.append(needs_cuda("the bare torch.cuda.CUDAGraph loop (ratios are then to eager)"))
+        if on_cuda and not args.no_compile:
+            compiled = torch.compile(model, mode="reduce-overhead")
+        elif not on_cuda:
+            notes.append(needs_cuda("the torch.compile reduce-overhead peer (cudagraph trees)"))
+
+        timer = CallTimer(device)
+        with watch_graph_trees() if compiled is not None else _nothing() as trees:
+            compile_seconds = 0.0
+            for index, batch in enumerate(sizes):
+                inputs = decode_inputs(batch, config, device)
+                variants: dict[str, Callable[[], Any]] = {}
+                variants[EAGER] = _eager_step(model, inputs, kv_cache)
+                if bare is not None:
+                    variants[BARE] = lambda b=bare, i=inputs: b.step(*i)
+                for label, check in RUNNER_CHECKS.items():
+                    variants[label] = runner_step(runner, check, inputs)
+                if compiled is not None:
+                    step = _compiled_step(compiled, inputs, kv_cache)
+                    first = time.perf_counter()
+                    for _ in range(3):  # compile (or re-use), warm up, record the graph
+                        step()
+                    torch.cuda.synchronize()
+                    compile_seconds += time.perf_counter() - first
+                    variants[COMPILE] = step
+                rounds, iters = _repetitions(variants, timer, budget, models_left, len(sizes) - index, args)
+                samples = time_interleaved(variants, timer, rounds=rounds, iters=iters)
+                result["sizes"].append(_size_result(batch, samples, rounds, iters))
+                _print_progress(name, batch, result["sizes"][-1])
+            if compiled is not None:
+                result["compile"] = {"first_calls_s": compile_seconds, **trees.as_dict()}
+        runner.runtime.address_check = AddressCheckMode.OFF
+    del runner, bare, compiled, kv_cache, model
+    if on_cuda:
+        torch._dynamo.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
+    return result, notes
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
+
+
+def _eager_step(
+    model: ReferenceDecoder, inputs: tuple[torch.Tensor, ...], kv_cache: torch.Tensor
+) -> Callable[[], Any]:
+    def step() -> torch.Tensor:
+        with torch.no_grad():
+            return model(*inputs, kv_cache)
+
+    return step
+
+
+def _compiled_step(
+    compiled: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], kv_cache: torch.Tensor
+) -> Callable[[], Any]:
+    def step() -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        with torch.no_grad():
+            return compiled(*inputs, kv_cache).clone()
+
+    return step
+
+
+def _repetitions(
+    variants: dict[str, Callable[[], Any]],
+    timer: CallTimer,
+    budget: Budget,
+    models_left: int,
+    sizes_left: int,
+    args: Any,
+) -> tuple[int, int]:
+    """Rounds and steps per round that fit this size's share of the budget (sizes are never cut)."""
+    if args.quick:
+        return 2, 3
+    probe = sum(Stats.of(timer.time_calls(fn, 3)).median for fn in variants.values()) / 1e3
+    share = budget.left / max(1, (models_left - 1) * args.sizes_per_model_estimate + sizes_left)
+    iters = args.iters
+    rounds = Budget.reps_for(share, probe * iters, floor=2, ceiling=args.rounds)
+    return rounds, iters
+
+
+def _size_result(batch: int, samples: dict[str, list[float]], rounds: int, iters: int) -> dict[str, Any]:
+    baseline = BARE if BARE in samples else EAGER
+    stats = {name: Stats.of(values) for name, values in samples.items()}
+    base = stats[baseline].median
+    entry: dict[str, Any] = {
+        "batch": batch,
+        "rounds": rounds,
+        "steps_per_round": iters,
+        "baseline": baseline,
+        "variants": {name: s.as_dict("ms") for name, s in stats.items()},
+        "ratio_to_baseline": {name: s.median / base for name, s in stats.items()},
+    }
+    # Per-round medians: how much the runner/bare ratio moves from round to round (the noise).
+    per_round = {
+        name: [Stats.of(values[r * iters : (r + 1) * iters]).median for r in range(rounds)]
+        for name, values in samples.items()
+    }
+    ratios = [run / bas for run, bas in zip(per_round[RUNNER], per_round[baseline], strict=True)]
+    entry["runner_ratio_per_round"] = {"min": min(ratios), "max": max(ratios)}
+    off, on = stats[RUNNER].median, stats[CHECK].median
+    entry["check_cost_pct_of_step"] = (on - off) / off * 100
+    return entry
+
+
+def _print_progress(name: str, batch: int, entry: dict[str, Any]) -> None:
+    medians = ", ".join(f"{k} {v['median_ms']:.3f}" for k, v in entry["variants"].items())
+    print(f"  {name} batch {batch}: {medians} ms", flush=True)
+
+
+def run(args: Any) -> dict[str, Any]:
+    device = resolve_device(args.device)
+    budget = Budget(args.budget_s)
+    models = ["tiny"] if args.quick else args.models
+    sizes = [1, 2, 4] if args.quick else power_of_two_sizes(args.max_batch)
+    args.sizes_per_model_estimate = len(sizes)
+    results, notes = [], []
+    for index, name in enumerate(models):
+        result, model_notes = measure_model(name, sizes, device, budget, len(models) - index, args)
+        results.append(result)
+        notes.extend(n for n in model_notes if n not in notes)
+    targets = _targets(results, device)
+    config = {
+        "models": models,
+        "batch_sizes": sizes,
+        "device": str(device),
+        "backend": "cuda" if device.type == "cuda" else "eager",
+        "position": POSITION,
+        "timing": "CUDA events, synchronize after every step" if device.type == "cuda" else "perf_counter",
+        "compile": not args.no_compile and device.type == "cuda",
+        "budget_s": args.budget_s,
+        "elapsed_s": budget.elapsed,
+        "quick": args.quick,
+    }
+    payload = write_results(
+        args.out,
+        benchmark="gpu_decode",
+        command=command_line(),
+        device=device,
+        config=config,
+        results=results,
+        targets=targets,
+        notes=notes,
+    )
+    _print_tables(results)
+    for note in notes:
+        print(f"note: {note}")
+    print_targets(targets)
+    return payload
+
+
+def _targets(results: list[dict[str, Any]], device: torch.device) -> list[dict[str, Any]]:
+    on_cuda = device.type == "cuda"
+    targets = []
+    for result in results:
+        worst = max(result["sizes"], key=lambda s: s["ratio_to_baseline"][RUNNER])
+        targets.append(
+            target(
+                f"{result['model']}: runner+recorder / {worst['baseline']}, worst batch ({worst['batch']})",
+                worst["ratio_to_baseline"][RUNNER],
+                RUNNER_TARGET,
+                unit="x",
+                applies=on_cuda,
+            )
+        )
+    small = next((r for r in results if r["model"] == "small"), results[0])
+    first = small["sizes"][0]
+    targets.append(
+        target(
+            f"{small['model']}: always-on check, % of the step at batch {first['batch']}",
+            first["check_cost_pct_of_step"],
+            CHECK_TARGET_PCT,
+            unit="%",
+            applies=on_cuda and small["model"] == "small",
+        )
+    )
+    return targets
+
+
+def _print_tables(results: list[dict[str, Any]]) -> None:
+    for result in results:
+        names = list(result["sizes"][0]["variants"])
+        baseline = result["sizes"][0]["baseline"]
+        rows = []
+        for entry in result["sizes"]:
+            medians = [entry["variants"][n]["median_ms"] for n in names]
+            ratios = [entry["ratio_to_baseline"][n] for n in names if n != baseline]
+            rows.append((entry["batch"], *medians, *ratios, entry["check_cost_pct_of_step"]))
+        headers = (
+            "batch",
+            *(f"{n} ms" for n in names),
+            *(f"{n}/{baseline}" for n in names if n != baseline),
+            "check %",
+        )
+        title = f"Decode step, {result['model']} ({result['params'] / 1e6:.1f}M params), median ms per step"
+        print_table(title, headers, rows)
+        if "compile" in result:
+            c = result["compile"]
+            print(
+                f"compile peer: {c['graphs_captured']} CUDA graphs captured by cudagraph trees, "
+                f"{c['cudagraph_skips']} cudagraph skips, first calls {c['first_calls_s']:.1f} s"
+            )
+            for reason in c["skip_reasons"]:
+                print(f"  skip reason: {reason}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser(
+        __doc__.split("\n\n")[0], default_out="bench/results/gpu_decode.json", default_budget_s=240
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["small", "large"],
+        choices=("tiny", "small", "large"),
+        help="reference decoder sizes (default: small large)",
+    )
+    parser.add_argument(
+        "--max-batch", type=int, default=256, help="largest batch size (powers of two up to it)"
+    )
+    parser.add_argument("--rounds", type=int, default=10, help="most interleaved rounds per batch size")
+    parser.add_argument("--iters", type=int, default=10, help="steps per variant per round")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile peer")
+    run(parser.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
