@@ -190,7 +190,6 @@ class GraphRuntime:
         if policy is UnexpectedCapturePolicy.EAGER:
             self.observer.on_eager(EagerReason.UNEXPECTED_CAPTURE, num_real_tokens, mode)
             return CaptureDecision.EAGER
-        log.warning("%s", message)
         return CaptureDecision.CAPTURE_UNEXPECTED
 
     def report_capture(self, event: CaptureEvent) -> None:

@@ -1,0 +1,51 @@
+"""Fixtures for the graph-cache tests: an observer that keeps every event, and runtimes on CPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.events import CaptureEvent, ViolationEvent
+from capture_core.modes import CUDAGraphMode
+from capture_core.runtime import GraphRuntime
+from capture_core.sizes import EagerReason
+
+
+@dataclass
+class RecordingObserver:
+    """Keeps every event it is sent, in order, so tests can assert on exactly what was emitted."""
+
+    captures: list[CaptureEvent] = field(default_factory=list)
+    replays: list[tuple[CUDAGraphMode, BatchDescriptor, int]] = field(default_factory=list)
+    eagers: list[tuple[EagerReason, int, CUDAGraphMode]] = field(default_factory=list)
+    violations: list[ViolationEvent] = field(default_factory=list)
+
+    def on_capture(self, event: CaptureEvent) -> None:
+        self.captures.append(event)
+
+    def on_replay(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int) -> None:
+        self.replays.append((mode, descriptor, num_real_tokens))
+
+    def on_eager(self, reason: EagerReason, num_tokens: int, mode: CUDAGraphMode) -> None:
+        self.eagers.append((reason, num_tokens, mode))
+
+    def on_violation(self, event: ViolationEvent) -> None:
+        self.violations.append(event)
+
+
+@pytest.fixture
+def observer() -> RecordingObserver:
+    return RecordingObserver()
+
+
+@pytest.fixture(autouse=True)
+def _no_debug_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CI plugin may set GRAPH_INSPECTOR_DEBUG for the whole run; these tests choose their mode."""
+    monkeypatch.delenv("GRAPH_INSPECTOR_DEBUG", raising=False)
+
+
+@pytest.fixture
+def runtime(observer: RecordingObserver) -> GraphRuntime:
+    return GraphRuntime("eager", observer=observer, progress=False)
