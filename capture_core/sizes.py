@@ -16,6 +16,8 @@ class EagerReason(str, enum.Enum):
     NO_GRAPH_FOR_MIXED_BATCH = "no_graph_for_mixed_batch"
     BEFORE_CAPTURE_PHASE = "before_capture_phase"
     UNEXPECTED_CAPTURE = "unexpected_capture"
+    UBATCH_GRAPH_ONLY = "ubatch_graph_only"
+    """This size is captured only as a micro-batched graph and this step was not micro-batched."""
 
 
 def power_of_two_sizes(max_size: int) -> list[int]:
