@@ -412,7 +412,7 @@ class DecoderLayer(nn.Module):
         k = self.rotary(positions, k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         # Allocated here, before the break point, so a piecewise graph keeps it at a fixed address.
-        out = torch.empty(num_tokens, q_size, dtype=hidden.dtype, device=hidden.device)
+        out = hidden.new_empty(num_tokens, q_size)
         self.attn(q, k, v, positions, slot_ids, kv_cache, out, attn_metadata)
         hidden = hidden + self.o_proj(out)
         gate, up = self.gate_up_proj(self.post_attn_norm(hidden)).chunk(2, dim=-1)

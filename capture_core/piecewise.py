@@ -1,18 +1,42 @@
 """Piecewise (breakable) CUDA graphs: capture everything but attention.
 
-A mixed prefill/decode batch has attention shapes that vary with every batch, so a single graph
-cannot serve it. A model marks its attention modules with :func:`attention_boundary`; a piecewise
-graph splits the model at those calls and captures the segments between them, running attention
-eagerly between segment replays.
+A mixed prefill/decode batch has attention shapes that vary with every batch, so one graph cannot
+serve it. vLLM's answer, followed here: the model marks its attention modules as break points
+(:func:`attention_boundary`), the model is split at those calls (``torch.fx`` tracing, break points
+kept as opaque leaves), and the pieces between them - the *segments* - are each served by an
+ordinary ``CUDAGraphWrapper`` in PIECEWISE mode. One forward pass replays segment, runs attention
+eagerly, replays the next segment, and so on.
+
+:class:`PiecewiseGraph` keys all of a pass's segment graphs by one descriptor (``num_tokens``,
+``num_reqs=None``) and speaks for them: the capture guard is asked once per descriptor, the
+observer sees one capture (with ``num_segments`` and the segments' summed pool memory) and one
+replay per pass, while every segment's inputs, positional and keyword, are address-checked at
+each replay and a drift names the segment and the input.
+
+A break point must not return a tensor the next segment reads: it fills an output buffer that
+the code before it allocated. That buffer is then an output of the previous segment, so it lives
+at a fixed address in the graph pool and the next segment's address check holds.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from torch import nn
+from torch import fx, nn
+from torch.fx.passes.split_module import split_module
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.events import CaptureEvent, NullObserver
+from capture_core.forward_context import ForwardContext, get_forward_context
+from capture_core.modes import CUDAGraphMode
+from capture_core.runtime import CaptureDecision, GraphRuntime
+from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
 
 _BREAK_ATTR = "_graph_inspector_break_point"
+_PIECEWISE = CUDAGraphMode.PIECEWISE
 
 ModuleType = TypeVar("ModuleType", bound=type[nn.Module])
 
@@ -31,3 +55,242 @@ def attention_boundary(module_class: ModuleType) -> ModuleType:
 def is_break_point(module: nn.Module) -> bool:
     """True for modules whose class was marked with :func:`attention_boundary`."""
     return bool(getattr(type(module), _BREAK_ATTR, False))
+
+
+def _holds_break_point(module: nn.Module) -> bool:
+    return any(is_break_point(m) for m in module.modules())
+
+
+class _BreakPointTracer(fx.Tracer):
+    """Traces down to the break points and no further.
+
+    A submodule with no break point inside stays one opaque call (its weights stay inside it,
+    instead of becoming inputs of the segment); break points are opaque calls of their own.
+    """
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return is_break_point(m) or not _holds_break_point(m)
+
+
+@dataclass(frozen=True)
+class SplitModel:
+    """A model cut at its break points: the top-level module and which children are what."""
+
+    module: fx.GraphModule
+    segment_names: tuple[str, ...]
+    """Children of ``module`` that run as graph segments, in call order."""
+    break_names: tuple[str, ...]
+    """Children of ``module`` that are break points (run eagerly), in call order."""
+
+
+def split_at_break_points(model: nn.Module) -> SplitModel:
+    """Trace ``model`` with ``torch.fx`` and cut it before and after every break-point call."""
+    if not _holds_break_point(model) or is_break_point(model):
+        raise ValueError(
+            f"{type(model).__name__} has no break points: mark its attention module class with "
+            "@capture_core.piecewise.attention_boundary (or capture it as one FULL graph)"
+        )
+    try:
+        graph = _BreakPointTracer().trace(model)
+    except Exception as exc:  # fx raises many types; the caller needs to know what to change
+        raise ValueError(
+            f"cannot split {type(model).__name__} into piecewise graphs: torch.fx could not trace it "
+            f"({type(exc).__name__}: {exc}). Keep data-dependent Python control flow inside the "
+            "break-point modules."
+        ) from exc
+    traced = fx.GraphModule(model, graph)
+    partition_of: dict[fx.Node, int] = {}
+    breaks: set[int] = set()
+    partition = 0
+    for node in traced.graph.nodes:
+        if node.op == "call_module" and is_break_point(traced.get_submodule(node.target)):
+            partition += 1
+            partition_of[node] = partition
+            breaks.add(partition)
+            partition += 1
+        else:
+            partition_of[node] = partition
+    split = split_module(traced, model, partition_of.__getitem__, keep_original_order=True)
+    called = [n.target for n in split.graph.nodes if n.op == "call_module"]
+    break_names = tuple(name for name in called if int(name.rsplit("_", 1)[1]) in breaks)
+    segment_names = tuple(name for name in called if name not in break_names)
+    return SplitModel(split, segment_names, break_names)
+
+
+@dataclass
+class PiecewiseEntry:
+    """One piecewise graph: the segment graphs captured for one descriptor."""
+
+    descriptor: BatchDescriptor
+    segments: tuple[GraphEntry, ...]
+    capture_seconds: float
+    """Wall time of the whole capturing pass: warm-ups, captures and the eager attention between."""
+    pool_bytes: int
+    unexpected: bool
+    captured_at: float = field(default_factory=time.time)
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segments)
+
+
+class _SegmentRuntime:
+    """The runtime as the segment wrappers see it: the shared one, with the piecewise graph
+    speaking for them to the capture guard and the observer.
+
+    The segments share the real runtime's backend (and so its one pool), capture lock, warm-up
+    count, address-check mode and violation reports. Their capture events and per-replay observer
+    calls are dropped (the piecewise graph reports one capture and one replay per pass), and whether
+    they may capture is the piecewise graph's decision for the current pass.
+    """
+
+    def __init__(self, runtime: GraphRuntime) -> None:
+        self._runtime = runtime
+        self.observer = NullObserver()
+        self.decision: CaptureDecision | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runtime, name)
+
+    @property
+    def address_check(self) -> Any:
+        return self._runtime.address_check
+
+    def admit_capture(
+        self, wrapper: str, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int
+    ) -> CaptureDecision:
+        if self.decision is not None:
+            return self.decision
+        return self._runtime.admit_capture(wrapper, mode, descriptor, num_real_tokens)
+
+    def report_capture(self, event: CaptureEvent) -> None:
+        """Dropped: the piecewise graph reports the pass's segments as one capture."""
+
+
+class PiecewiseGraph:
+    """Serve a model from piecewise graphs: graph segments with eager attention between them.
+
+    ``PiecewiseGraph(model, runtime)`` is called like the model. Under a forward context whose
+    mode is PIECEWISE it replays (or, on first use in the capture phase, captures) the segments
+    for the context's descriptor; under any other mode or outside a context it calls the model
+    itself, so a FULL wrapper around it captures the whole model for decode batches.
+    """
+
+    def __init__(self, model: nn.Module, runtime: GraphRuntime, name: str | None = None) -> None:
+        self.model = model
+        self.runtime = runtime
+        self.name = name or f"{type(model).__name__}.piecewise"
+        self.split = split_at_break_points(model)
+        self._segment_runtime = _SegmentRuntime(runtime)
+        self.segments: list[CUDAGraphWrapper] = []
+        for index, child in enumerate(self.split.segment_names):
+            wrapper = CUDAGraphWrapper(
+                getattr(self.split.module, child),
+                self._segment_runtime,  # type: ignore[arg-type]  # duck-typed view of the runtime
+                _PIECEWISE,
+                name=f"{self.name}/segment{index}",
+            )
+            setattr(self.split.module, child, _WrappedSegment(wrapper))
+            self.segments.append(wrapper)
+        self._graphs: dict[BatchDescriptor, PiecewiseEntry] = {}
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segments)
+
+    @property
+    def num_break_points(self) -> int:
+        return len(self.split.break_names)
+
+    @property
+    def graphs(self) -> Mapping[BatchDescriptor, PiecewiseEntry]:
+        """What this piecewise graph holds: descriptor -> its segments (read-only view)."""
+        return dict(self._graphs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        context = get_forward_context()
+        if context is None or context.mode is not _PIECEWISE:
+            return self.model(*args, **kwargs)
+        if context.descriptor in self._graphs:
+            self.runtime.observer.on_replay(context.mode, context.descriptor, context.num_real_tokens)
+            return self.split.module(*args, **kwargs)
+        return self._capture_or_fallback(context, args, kwargs)
+
+    def _capture_or_fallback(
+        self, context: ForwardContext, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        runtime, segment_runtime = self.runtime, self._segment_runtime
+        with runtime.capture_lock:
+            if context.descriptor in self._graphs:  # another thread captured it while this one waited
+                return self(*args, **kwargs)
+            decision = runtime.admit_capture(
+                self.name, context.mode, context.descriptor, context.num_real_tokens
+            )
+            if decision is CaptureDecision.EAGER:
+                return self.model(*args, **kwargs)
+            segment_runtime.decision = decision
+            start = time.perf_counter()
+            try:
+                outputs = self.split.module(*args, **kwargs)
+            finally:
+                segment_runtime.decision = None
+            seconds = time.perf_counter() - start
+            self._record(context.descriptor, seconds, decision is CaptureDecision.CAPTURE_UNEXPECTED)
+            return outputs
+
+    def _record(self, descriptor: BatchDescriptor, seconds: float, unexpected: bool) -> None:
+        """Keep the pass's segment graphs as one entry and report them as one capture."""
+        segments = tuple(wrapper.graphs.get(descriptor) for wrapper in self.segments)
+        missing = [w.name for w, seg in zip(self.segments, segments, strict=True) if seg is None]
+        if missing:
+            raise RuntimeError(
+                f"{self.name}: no graph for {descriptor.key} in {', '.join(missing)} after a capturing "
+                "pass; every segment must run once per forward pass"
+            )
+        pool_bytes = sum(seg.pool_bytes for seg in segments)
+        entry = PiecewiseEntry(descriptor, segments, seconds, pool_bytes, unexpected)
+        self._graphs[descriptor] = entry
+        names = tuple(
+            f"segment{index}.{name}" for index, seg in enumerate(segments) for name in seg.input_names
+        )
+        addresses = tuple(address for seg in segments for address in seg.input_addresses)
+        self.runtime.report_capture(
+            CaptureEvent(
+                descriptor=descriptor,
+                mode=_PIECEWISE,
+                backend=self.runtime.backend_name,
+                wrapper=self.name,
+                input_names=names,
+                input_addresses=addresses,
+                capture_seconds=seconds,
+                pool_bytes=pool_bytes,
+                warmup_iters=self.runtime.warmup_iters,
+                num_segments=len(segments),
+                unexpected=unexpected,
+                captured_at=entry.captured_at,
+            )
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"PiecewiseGraph({self.name!r}, segments={self.num_segments}, "
+            f"break_points={self.num_break_points}, backend={self.runtime.backend_name}, "
+            f"graphs={len(self._graphs)})"
+        )
+
+
+class _WrappedSegment(nn.Module):
+    """Puts a segment's graph wrapper where the split model calls the segment.
+
+    The split model is an ``nn.Module`` whose children must be modules; this one hands the call
+    straight to the wrapper, which names inputs by the segment's own signature.
+    """
+
+    def __init__(self, wrapper: CUDAGraphWrapper) -> None:
+        super().__init__()
+        self.wrapper = wrapper
+        self.segment = wrapper.runnable
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # no nn.Module hooks on the replay path
+        return self.wrapper(*args, **kwargs)
+
