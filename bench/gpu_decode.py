@@ -88,16 +88,22 @@ class GraphTreeWatch:
 
     captures: int = 0
     skips_at_start: int = 0
+    skips_at_end: int | None = None
     reasons: list[str] = field(default_factory=list)
 
     @property
     def skips(self) -> int:
-        from torch._dynamo.utils import counters
-
-        return counters["inductor"]["cudagraph_skips"] - self.skips_at_start
+        """Skips counted while watching (so far, or until the watch ended)."""
+        return (_inductor_skips() if self.skips_at_end is None else self.skips_at_end) - self.skips_at_start
 
     def as_dict(self) -> dict[str, Any]:
         return {"graphs_captured": self.captures, "cudagraph_skips": self.skips, "skip_reasons": self.reasons}
+
+
+def _inductor_skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["cudagraph_skips"]
 
 
 class _ReasonHandler(logging.Handler):
@@ -120,9 +126,7 @@ def watch_graph_trees() -> Iterator[GraphTreeWatch]:
     runner's own captures are not counted. Skip reasons come from inductor's ``cudagraphs`` log
     artifact (off by default, so it does not propagate: the handler sits on that logger itself).
     """
-    from torch._dynamo.utils import counters
-
-    watch = GraphTreeWatch(skips_at_start=counters["inductor"]["cudagraph_skips"])
+    watch = GraphTreeWatch(skips_at_start=_inductor_skips())
     original = torch.cuda.CUDAGraph.capture_begin
     trees_file = os.path.join("_inductor", "cudagraph_trees.py")
 
@@ -144,6 +148,7 @@ def watch_graph_trees() -> Iterator[GraphTreeWatch]:
     finally:
         torch.cuda.CUDAGraph.capture_begin = original  # type: ignore[method-assign]
         logger.removeHandler(handler)
+        watch.skips_at_end = _inductor_skips()
 
 
 def model_config(name: str, device: torch.device) -> ModelConfig:

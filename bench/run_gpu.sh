@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Run every GPU benchmark of the repository, one after another, on one CUDA machine (an H200).
+#   bench/run_gpu.sh [OUT_DIR]    JSON and a log per benchmark go to OUT_DIR (default bench/results/h200)
+# A benchmark that fails or overruns its time limit is recorded as such and the next one runs.
+# Exits 0 when every benchmark present succeeded, 1 otherwise. Environment:
+#   PYTHON=python3            the interpreter
+#   BENCH_TIMEOUT_S=240       hard limit per benchmark, in seconds (the whole set should take < 8 min)
+#   BENCH_ONLY="gpu_decode"   run only these (space-separated names)
+#   BENCH_EXTRA="--quick"     arguments added to every benchmark run (a dry run of this script on a CPU)
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+out=${1:-bench/results/h200}
+PY=${PYTHON:-python3}
+limit=${BENCH_TIMEOUT_S:-240}
+only=${BENCH_ONLY:-}
+extra_all=${BENCH_EXTRA:-}
+mkdir -p "$out"
+
+# name:extra-arguments. Mine pass a time budget so they cut repetitions to fit; sizes are never cut.
+benches=(
+  "gpu_decode:--budget-s 170"
+  "gpu_capture:--budget-s 45"
+  "gpu_overhead:--budget-s 15"
+  "gpu_core:"
+  "gpu_piecewise:"
+  "gpu_ubatch:"
+  "gpu_watch:"
+)
+
+{
+  echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+  "$PY" -c 'import platform, torch; print("python:", platform.python_version()); print("torch:", torch.__version__, "cuda:", torch.version.cuda); print("gpu:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+} > "$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+
+summary=()
+failed=0
+started_all=$(date +%s)
+for entry in "${benches[@]}"; do
+  name=${entry%%:*}
+  extra="${entry#*:} $extra_all"
+  script="bench/$name.py"
+  if [ -n "$only" ] && [[ " $only " != *" $name "* ]]; then
+    continue
+  fi
+  if [ ! -f "$script" ]; then
+    summary+=("$(printf '%-14s %-22s %6s  %s' "$name" "not present" "-" "-")")
+    continue
+  fi
+  echo
+  echo "==> $script --out $out/$name.json $extra   (limit ${limit}s)"
+  begin=$(date +%s)
+  # shellcheck disable=SC2086  # extra holds several arguments on purpose
+  timeout --kill-after=15 "$limit" "$PY" "$script" --out "$out/$name.json" $extra 2>&1 | tee "$out/$name.log"
+  rc=${PIPESTATUS[0]}
+  seconds=$(( $(date +%s) - begin ))
+  if [ "$rc" -eq 0 ] && [ -f "$out/$name.json" ]; then
+    status="ok"
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    status="TIMED OUT (${limit}s)"; failed=1
+  elif [ "$rc" -eq 0 ]; then
+    status="FAILED (no JSON)"; failed=1
+  else
+    status="FAILED (exit $rc)"; failed=1
+  fi
+  summary+=("$(printf '%-14s %-22s %6s  %s' "$name" "$status" "${seconds}s" "$out/$name.log")")
+done
+
+echo
+echo "GPU benchmarks: $(( $(date +%s) - started_all ))s in all, results in $out"
+printf '%-14s %-22s %6s  %s\n' "benchmark" "status" "time" "log"
+printf '%s\n' "${summary[@]}"
+exit "$failed"
