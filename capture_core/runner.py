@@ -134,26 +134,27 @@ class DecodeRunner:
     def inject_address_drift(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor
     ) -> torch.Tensor:
-        """A planted fault: one step that passes a fresh ``input_ids`` tensor instead of the static one.
+        """A planted fault: a step that builds a fresh ``input_ids`` tensor instead of copying in.
 
-        The graph reads the captured buffer, so the result is stale; the event is marked injected.
-        In DEBUG checks this raises ``AddressDriftError``.
+        This is the classic engine bug: the graph still reads the static buffer, which holds the
+        previous step's token ids, so the logits are stale. The drift event is marked injected; in
+        DEBUG checks this raises ``AddressDriftError``.
         """
         num_tokens = _num_tokens(input_ids, positions, slot_ids)
         routed = self.dispatcher.route(num_tokens, uniform_decode=True)
         if routed.eager_reason is not None:
             reason = routed.eager_reason.value
             raise ValueError(f"{num_tokens} tokens run eagerly ({reason}): there is no graph to drift")
-        views = self.buffers.load(
-            routed.descriptor.num_tokens, input_ids=input_ids, positions=positions, slot_ids=slot_ids
-        )
-        moved = views["input_ids"].clone()
+        padded = routed.descriptor.num_tokens
+        views = self.buffers.load(padded, positions=positions, slot_ids=slot_ids)
+        fresh_ids = torch.zeros(padded, dtype=torch.long, device=self.device)
+        fresh_ids[:num_tokens].copy_(input_ids)
         with (
             self.runtime.injected_faults(),
             torch.no_grad(),
             set_forward_context(routed.mode, routed.descriptor, num_tokens),
         ):
-            logits = self.graphed(moved, views["positions"], views["slot_ids"], self.kv_cache)
+            logits = self.graphed(fresh_ids, views["positions"], views["slot_ids"], self.kv_cache)
         return logits[:num_tokens]
 
     def inject_unexpected_capture(self) -> BatchDescriptor:
