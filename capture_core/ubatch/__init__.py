@@ -1,5 +1,31 @@
-"""Micro-batching (DBO): split a step into equal-shape micro-batches that overlap compute and comm."""
+"""Micro-batching (DBO): split a step into equal-shape micro-batches that overlap compute and comm.
 
+``slices`` holds the arithmetic (where to split, whether to), ``context`` the turn-taking ubatch
+threads and their streams, ``wrapper`` the graph wrapper that captures all ubatches into one graph,
+``dp`` the per-step agreement between data-parallel ranks, and ``overlap`` the reference decoder
+with a communication step per layer, the workload micro-batching exists for.
+"""
+
+from capture_core.ubatch.context import (
+    UBatchAbortedError,
+    UBatchContext,
+    UBatchHandoverError,
+    UBatchRing,
+    UBatchThreads,
+    current_ubatch_context,
+    dbo_current_ubatch_id,
+    dbo_enabled,
+    dbo_switch_to_comm,
+    dbo_switch_to_comm_sync,
+    dbo_switch_to_compute,
+    dbo_switch_to_compute_sync,
+    dbo_yield,
+    dbo_yield_and_switch_from_comm_to_compute,
+    dbo_yield_and_switch_from_compute_to_comm,
+    make_ubatch_contexts,
+)
+from capture_core.ubatch.dp import DPCoordination, DPCoordinationError, coordinate_batch_across_dp
+from capture_core.ubatch.overlap import CommOverlapDecoder
 from capture_core.ubatch.slices import (
     UBatchConfig,
     UBatchSlice,
@@ -8,12 +34,35 @@ from capture_core.ubatch.slices import (
     is_last_ubatch_empty,
     maybe_create_ubatch_slices,
 )
+from capture_core.ubatch.wrapper import UBatchGraphEntry, UBatchWrapper
 
 __all__ = [
+    "CommOverlapDecoder",
+    "DPCoordination",
+    "DPCoordinationError",
+    "UBatchAbortedError",
     "UBatchConfig",
+    "UBatchContext",
+    "UBatchGraphEntry",
+    "UBatchHandoverError",
+    "UBatchRing",
     "UBatchSlice",
     "UBatchSlices",
+    "UBatchThreads",
+    "UBatchWrapper",
     "check_ubatch_thresholds",
+    "coordinate_batch_across_dp",
+    "current_ubatch_context",
+    "dbo_current_ubatch_id",
+    "dbo_enabled",
+    "dbo_switch_to_comm",
+    "dbo_switch_to_comm_sync",
+    "dbo_switch_to_compute",
+    "dbo_switch_to_compute_sync",
+    "dbo_yield",
+    "dbo_yield_and_switch_from_comm_to_compute",
+    "dbo_yield_and_switch_from_compute_to_comm",
     "is_last_ubatch_empty",
+    "make_ubatch_contexts",
     "maybe_create_ubatch_slices",
 ]

@@ -1,0 +1,351 @@
+"""``UBatchWrapper``: serve a model step as micro-batches, captured together into one graph.
+
+The forward context carries the step's ubatch slices (padded, as ``maybe_create_ubatch_slices``
+returns them). With slices and a FULL runtime mode, the first call of a token count captures all
+ubatches - each on its own thread, taking turns through a ``UBatchContext`` ring, with their comm
+on a second stream - into ONE graph keyed by that token count; later calls check the input
+addresses and replay it. Without FULL mode the ubatches run on threads without a graph. Without
+slices the step goes to a plain ``CUDAGraphWrapper`` - except for a token count held as a ubatch
+graph, which runs eagerly rather than be captured a second time as a plain graph.
+
+Capture, the capture lock, address checks and events are the graph runtime's, exactly as for plain
+graphs: this module only decides what one "call" of the captured callable is.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from capture_core.backends import CapturedGraph
+from capture_core.checks import AddressCheckMode, GraphCacheError, InputLayout, ParameterNames
+from capture_core.descriptor import BatchDescriptor
+from capture_core.events import CaptureEvent
+from capture_core.forward_context import ForwardContext, get_forward_context, use_forward_context
+from capture_core.modes import CUDAGraphMode
+from capture_core.runtime import CaptureDecision, GraphRuntime
+from capture_core.sizes import EagerReason
+from capture_core.ubatch.context import (
+    DEFAULT_HANDOVER_TIMEOUT_S,
+    UBatchContext,
+    UBatchRing,
+    UBatchThreads,
+    make_ubatch_contexts,
+)
+from capture_core.ubatch.slices import UBatchSlice
+from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
+
+FULL = CUDAGraphMode.FULL
+DEFAULT_TOKEN_INPUTS = ("input_ids", "positions", "slot_ids")
+
+
+@dataclass
+class UBatchGraphEntry(GraphEntry):
+    """A captured micro-batched graph: a plain graph entry plus the slices it was captured with."""
+
+    ubatch_slices: tuple[UBatchSlice, ...] = ()
+
+    @property
+    def num_ubatches(self) -> int:
+        return len(self.ubatch_slices)
+
+
+@dataclass(frozen=True)
+class _UBatchCall:
+    """One ubatch's share of a step: its slice, its arguments (token inputs sliced) and context."""
+
+    ubatch_slice: UBatchSlice
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    forward_context: ForwardContext
+
+
+class _UBatchedStep:
+    """The whole micro-batched step as one zero-argument callable: what the backend captures.
+
+    Every call runs the ubatches on fresh threads and concatenates their outputs. While the CUDA
+    backend captures it (``prefetch``), the threads for the *next* call are started and parked at
+    the barrier at the end of each call that is not itself being captured (and once before the
+    backend starts), so the threads the capture uses have set up their CUDA state before capture
+    begins, as they must.
+    """
+
+    def __init__(self, wrapper: UBatchWrapper, calls: Sequence[_UBatchCall], device: torch.device) -> None:
+        self.wrapper = wrapper
+        self.calls = list(calls)
+        self.device = device
+        self.on_gpu = device.type == "cuda"
+        self._ready: UBatchThreads | None = None
+        self.prefetch = False
+
+    def _threads(self) -> UBatchThreads:
+        wrapper = self.wrapper
+        comm = wrapper.comm_stream(self.device) if self.on_gpu else None
+        ring = UBatchRing(len(self.calls), comm_stream=comm, timeout=wrapper.handover_timeout)
+        contexts = make_ubatch_contexts(ring, [use_forward_context(c.forward_context) for c in self.calls])
+        # Grad and inference mode are thread-local: the ubatch threads inherit the caller's.
+        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        work = [functools.partial(_run_one, wrapper.runnable, c, grad, inference) for c in self.calls]
+        setup = functools.partial(_cuda_thread_setup, self.device, comm) if self.on_gpu else None
+        return UBatchThreads(contexts, work, thread_setup=setup, name=f"{wrapper.name}-ubatch")
+
+    def prepare(self) -> None:
+        """Start the next call's threads now and wait until they are parked (CUDA state ready)."""
+        if self._ready is None:
+            threads = self._threads()
+            threads.start()
+            self._ready = threads
+
+    def discard(self) -> None:
+        """Stop threads that were prepared but will not be used."""
+        if self._ready is not None:
+            threads, self._ready = self._ready, None
+            threads.ring.abort("the prepared ubatch threads were not needed")
+            for thread in threads.threads:
+                thread.join(threads.ring.timeout)
+
+    def __call__(self) -> torch.Tensor:
+        threads, self._ready = self._ready, None
+        if threads is None:
+            threads = self._threads()
+            threads.start()
+        stream = torch.cuda.current_stream(self.device) if self.on_gpu else None
+        outputs = threads.finish(stream)
+        result = _concat(outputs, self.wrapper.name)
+        if self.prefetch and not torch.cuda.is_current_stream_capturing():
+            self.prepare()
+        return result
+
+
+def _run_one(runnable: Callable[..., Any], call: _UBatchCall, grad: bool, inference: bool) -> Any:
+    with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+        return runnable(*call.args, **call.kwargs)
+
+
+def _cuda_thread_setup(device: torch.device, comm: torch.cuda.Stream | None, context: UBatchContext) -> None:
+    """Create this thread's CUDA state before any capture: device, cuBLAS handles on both streams."""
+    torch.cuda.set_device(device)
+    torch.cuda.current_blas_handle()
+    if comm is not None:
+        with torch.cuda.stream(comm):
+            torch.cuda.current_blas_handle()
+
+
+def _concat(outputs: Sequence[Any], wrapper: str) -> torch.Tensor:
+    if not all(isinstance(o, torch.Tensor) for o in outputs):
+        kinds = sorted({type(o).__name__ for o in outputs})
+        raise GraphCacheError(
+            f"UBatchWrapper {wrapper!r} concatenates each ubatch's output along the token dimension, "
+            f"so the model must return one tensor; it returned {', '.join(kinds)}"
+        )
+    return torch.cat(list(outputs), dim=0)
+
+
+class UBatchWrapper:
+    """Run ``runnable`` as micro-batches when the forward context carries ubatch slices.
+
+    ``token_inputs`` names the arguments that hold one row per token (sliced per ubatch along
+    dimension 0); every other argument (the KV cache, say) is passed whole to every ubatch. The
+    model must return one tensor with a row per token. ``handover_timeout`` bounds how long a
+    ubatch waits for its turn before the step fails with a clear error instead of hanging.
+    """
+
+    def __init__(
+        self,
+        runnable: Callable[..., Any],
+        runtime: GraphRuntime,
+        *,
+        name: str | None = None,
+        token_inputs: Sequence[str] = DEFAULT_TOKEN_INPUTS,
+        handover_timeout: float = DEFAULT_HANDOVER_TIMEOUT_S,
+    ) -> None:
+        if handover_timeout <= 0:
+            raise ValueError(f"handover_timeout must be positive, got {handover_timeout}")
+        self.runnable = runnable
+        self.runtime = runtime
+        self.name = name or getattr(runnable, "__qualname__", None) or type(runnable).__name__
+        self.token_inputs = frozenset(token_inputs)
+        self.handover_timeout = handover_timeout
+        self.parameter_names = ParameterNames.of(runnable)
+        self.plain = CUDAGraphWrapper(runnable, runtime, FULL, name=self.name)
+        """Serves FULL steps that are not micro-batched (one plain graph per descriptor)."""
+        self._graphs: dict[int, UBatchGraphEntry] = {}
+        self._comm_streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def graphs(self) -> Mapping[int, UBatchGraphEntry]:
+        """Token count -> the micro-batched graph captured for it (read-only view)."""
+        return dict(self._graphs)
+
+    def comm_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The stream every ubatch's communication runs on (one per device, made on first use)."""
+        with self._lock:
+            stream = self._comm_streams.get(device)
+            if stream is None:
+                stream = self._comm_streams[device] = torch.cuda.Stream(device)
+            return stream
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        context = get_forward_context()
+        if context is None:
+            return self.runnable(*args, **kwargs)
+        slices = context.ubatch_slices
+        if not slices:
+            return self._not_ubatched(context, args, kwargs)
+        num_tokens = sum(s.num_tokens for s in slices)
+        if context.mode is not FULL:
+            return self._step(context, args, kwargs)()
+        entry = self._graphs.get(num_tokens)
+        if entry is None:
+            return self._capture_or_fallback(context, num_tokens, args, kwargs)
+        runtime = self.runtime
+        if runtime.address_check is not AddressCheckMode.OFF:
+            drifts = entry.layout.find_drift(args, kwargs)
+            if drifts:
+                runtime.report_drift(self.name, context.mode, context.descriptor, drifts)
+        runtime.observer.on_replay(context.mode, context.descriptor, context.num_real_tokens)
+        entry.graph.replay()
+        return entry.graph.outputs
+
+    def _not_ubatched(self, context: ForwardContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        if context.mode is FULL and context.descriptor.num_tokens in self._graphs:
+            # Micro-batching was called off for this step (say, the DP ranks disagreed), but this
+            # size is held as a ubatch graph: run eagerly rather than capture a second, plain one.
+            self.runtime.observer.on_eager(EagerReason.UBATCH_GRAPH_ONLY, context.num_real_tokens, FULL)
+            return self.runnable(*args, **kwargs)
+        if context.mode is FULL:
+            return self.plain(*args, **kwargs)
+        return self.runnable(*args, **kwargs)
+
+    def _capture_or_fallback(
+        self, context: ForwardContext, num_tokens: int, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> Any:
+        runtime = self.runtime
+        with runtime.capture_lock:
+            if num_tokens in self._graphs:  # another thread captured it while this one waited
+                return self(*args, **kwargs)
+            decision = runtime.admit_capture(
+                self.name, context.mode, context.descriptor, context.num_real_tokens
+            )
+            if decision is CaptureDecision.EAGER:
+                return self._step(context, args, kwargs)()
+            entry = self.capture(
+                context, num_tokens, args, kwargs, unexpected=decision is CaptureDecision.CAPTURE_UNEXPECTED
+            )
+            return entry.outputs
+
+    def capture(
+        self,
+        context: ForwardContext,
+        num_tokens: int,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        unexpected: bool = False,
+    ) -> UBatchGraphEntry:
+        """Warm up, capture all ubatches into one graph and record it (no guard: callers check)."""
+        runtime = self.runtime
+        layout = InputLayout.record(self.parameter_names, args, kwargs)
+        step = self._step(context, args, kwargs)
+        step.prefetch = step.on_gpu and runtime.backend_name == "cuda"
+        if step.prefetch:
+            step.prepare()
+        try:
+            graph: CapturedGraph = runtime.backend.capture(step, (), {}, runtime.warmup_iters)
+        finally:
+            step.prefetch = False
+            step.discard()
+        slices = tuple(call.ubatch_slice for call in step.calls)
+        entry = UBatchGraphEntry(
+            context.descriptor, FULL, graph, layout, graph.capture_seconds, graph.pool_bytes, unexpected,
+            ubatch_slices=slices,
+        )
+        self._graphs[num_tokens] = entry
+        runtime.report_capture(
+            CaptureEvent(
+                descriptor=context.descriptor,
+                mode=FULL,
+                backend=runtime.backend_name,
+                wrapper=self.name,
+                input_names=layout.names,
+                input_addresses=layout.addresses,
+                capture_seconds=graph.capture_seconds,
+                pool_bytes=graph.pool_bytes,
+                warmup_iters=runtime.warmup_iters,
+                num_ubatches=len(slices),
+                ubatch_slices=tuple(s.as_tuple() for s in slices),
+                unexpected=unexpected,
+                captured_at=entry.captured_at,
+            )
+        )
+        return entry
+
+    def _step(self, context: ForwardContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -> _UBatchedStep:
+        """Split the call's token inputs by the context's slices: one ``_UBatchCall`` per ubatch."""
+        slices: Sequence[UBatchSlice] = context.ubatch_slices
+        named = [(self.parameter_names.name_of(i), value) for i, value in enumerate(args)]
+        token_values = [v for n, v in named if n in self.token_inputs]
+        token_values += [v for n, v in kwargs.items() if n in self.token_inputs]
+        if not token_values:
+            raise GraphCacheError(
+                f"UBatchWrapper {self.name!r} found none of its token inputs {sorted(self.token_inputs)} "
+                "among the call's arguments, so it cannot split the step into ubatches"
+            )
+        num_tokens = int(token_values[0].shape[0])
+        _check_slices(slices, num_tokens, self.name)
+        calls = []
+        for index, ubatch in enumerate(slices):
+            part = ubatch.token_slice
+            sub_args = tuple(v[part] if n in self.token_inputs else v for n, v in named)
+            sub_kwargs = {n: (v[part] if n in self.token_inputs else v) for n, v in kwargs.items()}
+            real = _real_tokens(ubatch, context.num_real_tokens)
+            descriptor = BatchDescriptor(ubatch.num_tokens, None, context.descriptor.uniform)
+            # Ubatch threads run the model plainly (mode NONE): the graph, if any, is this one.
+            forward = ForwardContext(CUDAGraphMode.NONE, descriptor, real, None, _attn_part(context, index))
+            calls.append(_UBatchCall(ubatch, sub_args, sub_kwargs, forward))
+        return _UBatchedStep(self, calls, token_values[0].device)
+
+    def __repr__(self) -> str:
+        return (
+            f"UBatchWrapper({self.name!r}, backend={self.runtime.backend_name}, "
+            f"ubatch_graphs={sorted(self._graphs)}, plain_graphs={len(self.plain.graphs)})"
+        )
+
+
+def _check_slices(slices: Sequence[UBatchSlice], num_tokens: int, wrapper: str) -> None:
+    """The slices must tile the call's tokens exactly, in order: otherwise rows would be lost."""
+    position = 0
+    for index, ubatch in enumerate(slices):
+        if not isinstance(ubatch, UBatchSlice):
+            raise GraphCacheError(f"ubatch_slices[{index}] is {type(ubatch).__name__}, not a UBatchSlice")
+        if ubatch.token_slice.start != position or ubatch.num_tokens == 0:
+            break
+        position = ubatch.token_slice.stop
+    else:
+        if position == num_tokens:
+            return
+    spans = [(s.token_slice.start, s.token_slice.stop) for s in slices]
+    raise GraphCacheError(
+        f"UBatchWrapper {wrapper!r}: the forward context's ubatch slices {spans} do not tile the "
+        f"call's {num_tokens} tokens; pass the padded slices of maybe_create_ubatch_slices for this "
+        "padded token count"
+    )
+
+
+def _real_tokens(ubatch: UBatchSlice, num_real_tokens: int) -> int:
+    """How many of a ubatch's tokens are real, given the step's real token count."""
+    start, stop = ubatch.token_slice.start, ubatch.token_slice.stop
+    return max(0, min(stop, num_real_tokens) - start)
+
+
+def _attn_part(context: ForwardContext, index: int) -> Any:
+    """A ubatch's attention metadata when the step carries one per ubatch, else none."""
+    metadata = context.attn_metadata
+    if isinstance(metadata, (list, tuple)) and len(metadata) == len(context.ubatch_slices):
+        return metadata[index]
+    return None
