@@ -119,6 +119,10 @@ class Store:
             return None
         return FileIdentity(st.st_dev, st.st_ino)
 
+    def remember_identity(self) -> None:
+        """Note which file this store opened (SQLite creates it on the first connection)."""
+        self._identity = self.file_identity()
+
     def vanished(self) -> bool:
         """True when the SQLite file was deleted or replaced since it was opened.
 
@@ -176,6 +180,7 @@ def open_store(
         except DatabaseError:
             engine.dispose()
             raise
+    store.remember_identity()
     return store
 
 
@@ -243,9 +248,7 @@ def _translate(error: Exception, shown: str) -> DatabaseError:
     message = (str(original).strip().splitlines() or [type(original).__name__])[0]
     lowered = message.lower()
     if "not a database" in lowered or "malformed" in lowered or "disk image" in lowered:
-        return DatabaseError(
-            f"{shown} is not a readable SQLite database ({message}); it was left untouched"
-        )
+        return DatabaseError(f"{shown} is not a readable SQLite database ({message}); it was left untouched")
     if "locked" in lowered or "busy" in lowered:
         return StoreUnavailable(f"{shown} is locked by another process ({message})")
     if "readonly" in lowered or "read-only" in lowered or "unable to open" in lowered:

@@ -45,8 +45,22 @@ def test_empty_database_upgrades_to_head_without_drift(db_url: str) -> None:
 def test_reopening_keeps_rows_and_revision(db_url: str) -> None:
     store = open_store(db_url)
     with store.session() as session:
-        session.add(Run(label="kept", host="h", pid=1, process="p", rank=0, world_size=1, device="cpu",
-                        backend="eager", config="{}", started_at=1.0, last_seen_at=1.0, dropped_events=0))
+        session.add(
+            Run(
+                label="kept",
+                host="h",
+                pid=1,
+                process="p",
+                rank=0,
+                world_size=1,
+                device="cpu",
+                backend="eager",
+                config="{}",
+                started_at=1.0,
+                last_seen_at=1.0,
+                dropped_events=0,
+            )
+        )
     store.dispose()
     again = open_store(db_url)
     try:
@@ -60,8 +74,22 @@ def test_reopening_keeps_rows_and_revision(db_url: str) -> None:
 def test_session_rolls_back_on_error(sqlite_url: str) -> None:
     store = open_store(sqlite_url)
     with pytest.raises(RuntimeError), store.session() as session:
-        session.add(Run(label="lost", host="h", pid=1, process="p", rank=0, world_size=1, device="cpu",
-                        backend="eager", config="{}", started_at=1.0, last_seen_at=1.0, dropped_events=0))
+        session.add(
+            Run(
+                label="lost",
+                host="h",
+                pid=1,
+                process="p",
+                rank=0,
+                world_size=1,
+                device="cpu",
+                backend="eager",
+                config="{}",
+                started_at=1.0,
+                last_seen_at=1.0,
+                dropped_events=0,
+            )
+        )
         session.flush()
         raise RuntimeError("boom")
     with store.session() as session:

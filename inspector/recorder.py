@@ -1,0 +1,445 @@
+"""The recorder: the graph cache's observer, writing what it sees into the inspector's database.
+
+Two threads, one direction. The engine's thread calls ``on_replay``/``on_eager`` once per batch:
+they bump a counter in a dict and return (no lock, no I/O). Counters only ever grow, so the flush
+thread reads them without stopping the engine: it copies the dict (atomic under the GIL), diffs
+the copy against what it last *committed*, and writes the difference as this window's rows. A
+failed write commits nothing, so the next window simply covers the gap: no count is lost to a race
+or to an outage. Captures and violations are rare and carry full records; they are queued, the
+flush thread is woken and writes them at once.
+
+Nothing here raises into the engine once recording has started: a locked, unwritable or vanished
+database is retried with backoff (a vanished SQLite file is recreated), and what cannot be kept
+is counted in ``dropped`` and logged, and written to ``runs.dropped_events`` when the database is
+writable again. The counters assume one engine thread calls ``on_replay`` at a time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.events import CaptureEvent, FanOutObserver, NullObserver, ViolationEvent
+from capture_core.modes import CUDAGraphMode
+from capture_core.sizes import EagerReason
+from inspector.batch import (
+    FlushBatch,
+    GraphKey,
+    PendingViolation,
+    ReplayDelta,
+    Traffic,
+    ViolationKey,
+    graph_key,
+    violation_key,
+)
+from inspector.errors import DatabaseError
+from inspector.store import Store, StoreUnavailable, open_store, resolve_url
+from inspector.writer import RunInfo, RunWriter
+
+log = logging.getLogger("graph_inspector.recorder")
+
+FIRST_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 5.0
+
+
+class Recorder:
+    """Records one process's (one rank's) graph-cache events into a database.
+
+    ``flush_interval`` is the replay-window length in seconds. ``max_pending`` bounds the records
+    (captures and distinct violations) held while the database is unavailable; beyond it new ones
+    are dropped and counted. ``close_timeout`` bounds how long ``close`` keeps retrying.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        label: str = "",
+        flush_interval: float = 1.0,
+        config: dict[str, Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        device: str | None = None,
+        max_pending: int = 100_000,
+        close_timeout: float = 10.0,
+    ) -> None:
+        if not flush_interval > 0:
+            raise ValueError(f"flush_interval must be positive, got {flush_interval}")
+        self.url = resolve_url(url)
+        self.label = label
+        self.flush_interval = float(flush_interval)
+        self.max_pending = max_pending
+        self.close_timeout = close_timeout
+        rank, world_size = _detect_rank(rank, world_size)
+        self.info = RunInfo(
+            label=label,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            process=" ".join(sys.argv) or sys.executable,
+            rank=rank,
+            world_size=world_size,
+            device=device or _detect_device(),
+            config=json.dumps(config or {}, sort_keys=True, default=str),
+            started_at=time.time(),
+        )
+        # Hot-path counters, written by the engine thread only: key -> [count].
+        self._replays: dict[tuple[Any, BatchDescriptor, int], list[int]] = {}
+        self._eager: dict[tuple[str, Any, int], list[int]] = {}
+        # Rare events, appended by the engine, drained by the flush thread.
+        self._capture_queue: deque[CaptureEvent] = deque()
+        self._violation_queue: deque[ViolationEvent] = deque()
+        self._dropped_on_arrival = 0
+        # Flush-thread state.
+        self._store: Store | None = None
+        self._writer: RunWriter | None = None
+        self._pending_captures: list[CaptureEvent] = []
+        self._pending_violations: dict[ViolationKey, PendingViolation] = {}
+        self._all_captures: list[CaptureEvent] = []
+        self._committed_replays: dict[tuple[Any, BatchDescriptor, int], int] = {}
+        self._committed_eager: dict[tuple[str, Any, int], int] = {}
+        self._window_start = time.time()
+        self._backend: str | None = None
+        self._dropped_in_flush = 0
+        self._failures = 0
+        self._retry_at = 0.0
+        self.last_error: str | None = None
+        # Coordination.
+        self._wake = threading.Event()
+        self._done = threading.Condition()
+        self._flush_requested = 0
+        self._flush_completed = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ the observer protocol
+
+    def on_replay(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int) -> None:
+        """Hot path: one dict lookup and one integer bump."""
+        key = (mode._value_, descriptor, num_real_tokens)
+        try:
+            self._replays[key][0] += 1
+        except KeyError:
+            self._replays[key] = [1]
+
+    def on_eager(self, reason: EagerReason, num_tokens: int, mode: CUDAGraphMode) -> None:
+        key = (reason._value_, mode._value_, num_tokens)
+        try:
+            self._eager[key][0] += 1
+        except KeyError:
+            self._eager[key] = [1]
+
+    def on_capture(self, event: CaptureEvent) -> None:
+        if len(self._capture_queue) >= self.max_pending:
+            self._dropped_on_arrival += 1
+            return
+        self._capture_queue.append(event)
+        self._wake.set()
+
+    def on_violation(self, event: ViolationEvent) -> None:
+        if len(self._violation_queue) >= self.max_pending:
+            self._dropped_on_arrival += 1
+            return
+        self._violation_queue.append(event)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def dropped(self) -> int:
+        """Events this recorder could not keep (it also logged them)."""
+        return self._dropped_on_arrival + self._dropped_in_flush
+
+    @property
+    def run_id(self) -> int | None:
+        """The run's row id, once the run row is written."""
+        return None if self._writer is None else self._writer.run_id
+
+    def start(self) -> Recorder:
+        """Open the database (upgraded to head), write the run row, start the flush thread.
+
+        Raises ``DatabaseError`` for what retrying cannot fix (a malformed URL, a file that is not
+        this tool's database, a newer schema). A database that is merely unavailable (locked,
+        unwritable) is logged and retried in the background.
+        """
+        if self._thread is not None:
+            return self
+        try:
+            self._open(time.time())
+        except StoreUnavailable as error:
+            self._note_failure(error, time.monotonic())
+        self._thread = threading.Thread(target=self._flush_loop, name="graph-inspector-recorder", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+        return self
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Write everything seen so far now; True once it is committed, False on timeout."""
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        with self._done:
+            self._flush_requested += 1
+            target = self._flush_requested
+        self._wake.set()
+        with self._done:
+            return self._done.wait_for(lambda: self._flush_completed >= target, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write the last window, end the run, stop the thread. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        thread = self._thread
+        if thread is None:
+            return
+        self._stopping = True
+        self._wake.set()
+        thread.join(self.close_timeout + 5.0 if timeout is None else timeout)
+        if thread.is_alive():
+            log.error(
+                "graph-inspector recorder: the final flush did not finish; %d events dropped", self.dropped
+            )
+
+    def __enter__(self) -> Recorder:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @classmethod
+    def attach(cls, *targets: Any, url: str | None = None, **kwargs: Any) -> Recorder:
+        """Start a recorder and make it the observer of ``targets`` (anything with ``.observer``).
+
+        An observer already in place keeps receiving events, alongside the recorder.
+        """
+        recorder = cls(url, **kwargs).start()
+        for target in targets:
+            existing = getattr(target, "observer", None)
+            if existing is None or type(existing) is NullObserver:
+                target.observer = recorder
+            else:
+                target.observer = FanOutObserver(existing, recorder)
+        return recorder
+
+    # ------------------------------------------------------------------ the flush thread
+
+    def _flush_loop(self) -> None:
+        next_window = time.monotonic() + self.flush_interval
+        while not self._stopping:
+            now = time.monotonic()
+            wait = min(next_window, self._retry_at) if self._failures else next_window
+            self._wake.wait(max(0.0, wait - now))
+            self._wake.clear()
+            if self._stopping:
+                break
+            with self._done:
+                requested = self._flush_requested
+            self._drain_queues()
+            now = time.monotonic()
+            if self._failures and now < self._retry_at:
+                continue
+            window_due = now >= next_window or requested > self._flush_completed
+            if not (window_due or self._pending_captures or self._pending_violations):
+                continue
+            if self._flush_once(include_traffic=window_due, ended=False):
+                with self._done:
+                    self._flush_completed = max(self._flush_completed, requested)
+                    self._done.notify_all()
+            if window_due:
+                next_window = time.monotonic() + self.flush_interval
+        self._final_flush()
+
+    def _final_flush(self) -> None:
+        """At close: keep retrying until ``close_timeout``, then count what is left as dropped."""
+        deadline = time.monotonic() + self.close_timeout
+        while True:
+            self._drain_queues()
+            if self._flush_once(include_traffic=True, ended=True):
+                break
+            if time.monotonic() >= deadline:
+                self._drop_everything()
+                break
+            time.sleep(max(0.0, min(self._retry_at, deadline) - time.monotonic()))
+        with self._done:
+            self._flush_completed = self._flush_requested
+            self._done.notify_all()
+        if self._store is not None:
+            self._store.dispose()
+
+    def _drain_queues(self) -> None:
+        while self._capture_queue:
+            event = self._capture_queue.popleft()
+            self._backend = event.backend
+            if len(self._pending_captures) >= self.max_pending:
+                self._drop(1, "capture")
+                continue
+            self._pending_captures.append(event)
+            if len(self._all_captures) < self.max_pending:
+                self._all_captures.append(event)
+        while self._violation_queue:
+            event = self._violation_queue.popleft()
+            key = violation_key(event)
+            pending = self._pending_violations.get(key)
+            if pending is not None:
+                pending.add(event)
+            elif len(self._pending_violations) >= self.max_pending:
+                self._drop(1, "violation")
+            else:
+                self._pending_violations[key] = PendingViolation(event, 1, event.seen_at, event.seen_at)
+
+    def _flush_once(self, include_traffic: bool, ended: bool) -> bool:
+        """One attempt at one transaction; True when it committed."""
+        wall = time.time()
+        if include_traffic:
+            traffic, replay_counts, eager_counts = self._take_traffic(wall)
+        else:
+            traffic, replay_counts, eager_counts = Traffic(self._window_start, wall), None, None
+        batch = FlushBatch(
+            captures=list(self._pending_captures),
+            violations=dict(self._pending_violations),
+            traffic=traffic,
+            backend=self._backend,
+            dropped_events=self.dropped,
+            ended_at=wall if ended else None,
+        )
+        try:
+            writer = self._writer or self._open(wall)
+            if writer.store.vanished():
+                self._on_vanished()
+                writer = self._open(wall)
+                batch.captures = list(self._all_captures)
+            writer.write(batch, wall)
+        except Exception as error:
+            self._note_failure(error, time.monotonic())
+            return False
+        # Committed (the queues are drained on this thread only, so nothing arrived meanwhile).
+        self._pending_captures.clear()
+        self._pending_violations.clear()
+        if replay_counts is not None and eager_counts is not None:
+            self._committed_replays = replay_counts
+            self._committed_eager = eager_counts
+            self._window_start = traffic.window_end
+        if self._failures:
+            log.warning("graph-inspector recorder: %s is writable again", writer.store.display_url)
+        self._failures = 0
+        self.last_error = None
+        return True
+
+    def _open(self, wall: float) -> RunWriter:
+        store = open_store(self.url)
+        writer = RunWriter(store, self.info)
+        try:
+            writer.create_run(wall, self._backend)
+        except Exception:
+            store.dispose()
+            raise
+        self._store, self._writer = store, writer
+        return writer
+
+    def _on_vanished(self) -> None:
+        assert self._store is not None
+        log.warning(
+            "graph-inspector recorder: the database file %s vanished; recording into a new one",
+            self._store.sqlite_path,
+        )
+        self._store.dispose()
+        self._store = self._writer = None
+
+    def _take_traffic(self, wall: float) -> tuple[Traffic, dict, dict]:
+        """The counts since the last commit, and the snapshot to adopt if the write commits."""
+        replay_counts = {key: cell[0] for key, cell in self._replays.copy().items()}
+        eager_counts = {key: cell[0] for key, cell in self._eager.copy().items()}
+        traffic = Traffic(self._window_start, wall)
+        modes: dict[Any, CUDAGraphMode] = {}
+        for key, count in replay_counts.items():
+            delta = count - self._committed_replays.get(key, 0)
+            if delta <= 0:
+                continue
+            mode_value, descriptor, real = key
+            mode = modes.get(mode_value) or modes.setdefault(mode_value, CUDAGraphMode(mode_value))
+            gkey: GraphKey = graph_key(mode, descriptor)
+            entry = traffic.replays.get(gkey)
+            if entry is None:
+                entry = traffic.replays[gkey] = ReplayDelta(mode, descriptor)
+            entry.replays += delta
+            entry.real_tokens += real * delta
+            traffic.batch_sizes[real] = traffic.batch_sizes.get(real, 0) + delta
+        for key, count in eager_counts.items():
+            delta = count - self._committed_eager.get(key, 0)
+            if delta <= 0:
+                continue
+            reason, mode_value, tokens = key
+            mode = modes.get(mode_value) or modes.setdefault(mode_value, CUDAGraphMode(mode_value))
+            totals = traffic.eager.setdefault((reason, mode.label), [0, 0])
+            totals[0] += delta
+            totals[1] += tokens * delta
+            traffic.batch_sizes[tokens] = traffic.batch_sizes.get(tokens, 0) + delta
+        return traffic, replay_counts, eager_counts
+
+    def _note_failure(self, error: BaseException, now: float) -> None:
+        self._failures += 1
+        backoff = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (self._failures - 1))
+        self._retry_at = now + backoff
+        self.last_error = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if self._failures == 1:
+            log.warning(
+                "graph-inspector recorder: cannot write %s (%s); retrying with backoff",
+                self.url,
+                self.last_error,
+            )
+        if isinstance(error, DatabaseError) and not isinstance(error, StoreUnavailable):
+            log.error("graph-inspector recorder: %s", error)
+
+    def _drop(self, count: int, what: str) -> None:
+        self._dropped_in_flush += count
+        log.error("graph-inspector recorder: dropped %d %s event(s) (%d in all)", count, what, self.dropped)
+
+    def _drop_everything(self) -> None:
+        traffic, _, _ = self._take_traffic(time.time())
+        lost = len(self._pending_captures) + sum(v.count for v in self._pending_violations.values())
+        lost += traffic.rows()
+        self._pending_captures.clear()
+        self._pending_violations.clear()
+        if lost:
+            self._drop(lost, f"pending (database unavailable: {self.last_error})")
+
+
+def _detect_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The rank from torch.distributed when it is initialised, else $RANK/$WORLD_SIZE, else 0/1."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return (
+            dist.get_rank() if rank is None else rank,
+            dist.get_world_size() if world_size is None else world_size,
+        )
+    if rank is None:
+        rank = _int_env("RANK", 0)
+    if world_size is None:
+        world_size = _int_env("WORLD_SIZE", 1)
+    return rank, world_size
+
+
+def _int_env(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _detect_device() -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return "cpu"

@@ -1,0 +1,301 @@
+"""Writes one run's records: one transaction per flush, ids remembered only once it commits.
+
+A run has exactly one writer (its recorder), so the writer keeps the ids of the rows it made (the
+run, each graph, each violation, each running total) and updates them in place without reading
+first: a repeated violation is an ``UPDATE ... SET count = count + n``, never a search. The id maps
+change only after a commit, so a failed transaction can be retried whole.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, insert, update
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.events import CaptureEvent
+from capture_core.modes import CUDAGraphMode
+from inspector.batch import FlushBatch, GraphKey, ViolationKey, graph_key
+from inspector.models import (
+    BatchSizeCount,
+    EagerFallback,
+    EagerTotal,
+    Graph,
+    ReplayTotal,
+    ReplayWindow,
+    Run,
+    Violation,
+)
+from inspector.store import Store
+
+UNKNOWN_BACKEND = "unknown"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a run row says about the process that records it."""
+
+    label: str
+    host: str
+    pid: int
+    process: str
+    rank: int
+    world_size: int
+    device: str
+    config: str
+    started_at: float
+
+
+def descriptor_values(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> dict[str, object]:
+    return {
+        "mode": mode.label,
+        "num_tokens": descriptor.num_tokens,
+        "num_reqs": descriptor.num_reqs,
+        "uniform": descriptor.uniform,
+        "has_lora": descriptor.has_lora,
+        "num_active_loras": descriptor.num_active_loras,
+        "descriptor_key": descriptor.key,
+    }
+
+
+def capture_values(run_id: int, event: CaptureEvent) -> dict[str, object]:
+    return {
+        "run_id": run_id,
+        "wrapper": event.wrapper[:200],
+        "backend": event.backend[:32],
+        "input_names": json.dumps(list(event.input_names)),
+        "input_addresses": json.dumps([int(a) for a in event.input_addresses]),
+        "capture_seconds": float(event.capture_seconds),
+        "pool_bytes": int(event.pool_bytes),
+        "warmup_iters": int(event.warmup_iters),
+        "num_segments": int(event.num_segments),
+        "num_ubatches": int(event.num_ubatches),
+        "ubatch_slices": json.dumps([list(s) for s in event.ubatch_slices]),
+        "unexpected": bool(event.unexpected),
+        "captured_at": float(event.captured_at),
+        **descriptor_values(event.mode, event.descriptor),
+    }
+
+
+@dataclass
+class _Staged:
+    """Ids made inside the current transaction; adopted only if it commits."""
+
+    run_id: int | None = None
+    graph_ids: dict[GraphKey, int] = field(default_factory=dict)
+    violation_ids: dict[ViolationKey, int] = field(default_factory=dict)
+    violation_last_seen: dict[ViolationKey, float] = field(default_factory=dict)
+    replay_total_ids: dict[GraphKey, int] = field(default_factory=dict)
+    eager_total_ids: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+class RunWriter:
+    """Turns flush batches into rows of one run."""
+
+    def __init__(self, store: Store, info: RunInfo) -> None:
+        self.store = store
+        self.info = info
+        self.run_id: int | None = None
+        self.graph_ids: dict[GraphKey, int] = {}
+        self.violation_ids: dict[ViolationKey, int] = {}
+        self.violation_last_seen: dict[ViolationKey, float] = {}
+        self.replay_total_ids: dict[GraphKey, int] = {}
+        self.eager_total_ids: dict[tuple[str, str], int] = {}
+
+    def create_run(self, now: float, backend: str | None) -> int:
+        """Insert the run row now (start() does this so the run shows up before any traffic)."""
+        staged = _Staged()
+        with self.store.writer() as conn:
+            self._ensure_run(conn, staged, now, backend)
+        self._adopt(staged)
+        assert self.run_id is not None
+        return self.run_id
+
+    def write(self, batch: FlushBatch, now: float) -> None:
+        """Write ``batch`` in one transaction; raises (with nothing adopted) if it fails."""
+        staged = _Staged()
+        with self.store.writer() as conn:
+            run_id = self._ensure_run(conn, staged, now, batch.backend)
+            self._write_captures(conn, staged, run_id, batch)
+            self._write_violations(conn, staged, run_id, batch)
+            self._write_traffic(conn, staged, run_id, batch, now)
+            values: dict[str, object] = {"last_seen_at": now, "dropped_events": batch.dropped_events}
+            if batch.backend:
+                values["backend"] = batch.backend[:32]
+            if batch.ended_at is not None:
+                values["ended_at"] = batch.ended_at
+            conn.execute(update(Run).where(Run.id == run_id).values(**values))
+        self._adopt(staged)
+
+    def _adopt(self, staged: _Staged) -> None:
+        if staged.run_id is not None:
+            self.run_id = staged.run_id
+        self.graph_ids.update(staged.graph_ids)
+        self.violation_ids.update(staged.violation_ids)
+        self.violation_last_seen.update(staged.violation_last_seen)
+        self.replay_total_ids.update(staged.replay_total_ids)
+        self.eager_total_ids.update(staged.eager_total_ids)
+
+    def _ensure_run(self, conn: Connection, staged: _Staged, now: float, backend: str | None) -> int:
+        if self.run_id is not None:
+            return self.run_id
+        info = self.info
+        staged.run_id = conn.execute(
+            insert(Run)
+            .values(
+                label=info.label[:200],
+                host=info.host[:255],
+                pid=info.pid,
+                process=info.process[:500],
+                rank=info.rank,
+                world_size=info.world_size,
+                device=info.device[:200],
+                backend=(backend or UNKNOWN_BACKEND)[:32],
+                config=info.config,
+                started_at=info.started_at,
+                last_seen_at=now,
+                dropped_events=0,
+            )
+            .returning(Run.id)
+        ).scalar_one()
+        return staged.run_id
+
+    def _write_captures(self, conn: Connection, staged: _Staged, run_id: int, batch: FlushBatch) -> None:
+        for event in batch.captures:
+            graph_id = conn.execute(insert(Graph).values(capture_values(run_id, event)).returning(Graph.id))
+            staged.graph_ids[graph_key(event.mode, event.descriptor)] = graph_id.scalar_one()
+
+    def _write_violations(self, conn: Connection, staged: _Staged, run_id: int, batch: FlushBatch) -> None:
+        for key, pending in batch.violations.items():
+            known = self.violation_ids.get(key)
+            if known is not None:
+                last = max(self.violation_last_seen.get(key, 0.0), pending.last_seen_at)
+                conn.execute(
+                    update(Violation)
+                    .where(Violation.id == known)
+                    .values(count=Violation.count + pending.count, last_seen_at=last)
+                )
+                staged.violation_last_seen[key] = last
+                continue
+            event = pending.event
+            staged.violation_ids[key] = conn.execute(
+                insert(Violation)
+                .values(
+                    run_id=run_id,
+                    kind=event.kind.value,
+                    wrapper=event.wrapper[:200],
+                    input_name=None if event.input_name is None else event.input_name[:200],
+                    expected_address=event.expected_address,
+                    actual_address=event.actual_address,
+                    message=event.message,
+                    stack=event.stack,
+                    injected=bool(event.injected),
+                    count=pending.count,
+                    first_seen_at=pending.first_seen_at,
+                    last_seen_at=pending.last_seen_at,
+                    **descriptor_values(event.mode, event.descriptor),
+                )
+                .returning(Violation.id)
+            ).scalar_one()
+            staged.violation_last_seen[key] = pending.last_seen_at
+
+    def _graph_id(self, staged: _Staged, key: GraphKey) -> int | None:
+        return staged.graph_ids.get(key, self.graph_ids.get(key))
+
+    def _write_traffic(
+        self, conn: Connection, staged: _Staged, run_id: int, batch: FlushBatch, now: float
+    ) -> None:
+        traffic = batch.traffic
+        start, end = traffic.window_start, traffic.window_end
+        windows = []
+        for key, delta in traffic.replays.items():
+            graph_id = self._graph_id(staged, key)
+            windows.append(
+                {
+                    "run_id": run_id,
+                    "graph_id": graph_id,
+                    "window_start": start,
+                    "window_end": end,
+                    "replays": delta.replays,
+                    "real_tokens": delta.real_tokens,
+                    "padded_tokens": delta.padded_tokens,
+                    **descriptor_values(delta.mode, delta.descriptor),
+                }
+            )
+            total_id = self.replay_total_ids.get(key)
+            if total_id is None:
+                staged.replay_total_ids[key] = conn.execute(
+                    insert(ReplayTotal)
+                    .values(
+                        run_id=run_id,
+                        graph_id=graph_id,
+                        replays=delta.replays,
+                        real_tokens=delta.real_tokens,
+                        padded_tokens=delta.padded_tokens,
+                        updated_at=now,
+                        **descriptor_values(delta.mode, delta.descriptor),
+                    )
+                    .returning(ReplayTotal.id)
+                ).scalar_one()
+            else:
+                conn.execute(
+                    update(ReplayTotal)
+                    .where(ReplayTotal.id == total_id)
+                    .values(
+                        graph_id=graph_id,
+                        replays=ReplayTotal.replays + delta.replays,
+                        real_tokens=ReplayTotal.real_tokens + delta.real_tokens,
+                        padded_tokens=ReplayTotal.padded_tokens + delta.padded_tokens,
+                        updated_at=now,
+                    )
+                )
+        if windows:
+            conn.execute(insert(ReplayWindow), windows)
+
+        fallbacks = []
+        for (reason, mode), (batches, tokens) in traffic.eager.items():
+            fallbacks.append(
+                {
+                    "run_id": run_id,
+                    "window_start": start,
+                    "window_end": end,
+                    "reason": reason,
+                    "mode": mode,
+                    "batches": batches,
+                    "tokens": tokens,
+                }
+            )
+            total_id = self.eager_total_ids.get((reason, mode))
+            if total_id is None:
+                staged.eager_total_ids[(reason, mode)] = conn.execute(
+                    insert(EagerTotal)
+                    .values(
+                        run_id=run_id,
+                        reason=reason,
+                        mode=mode,
+                        batches=batches,
+                        tokens=tokens,
+                        updated_at=now,
+                    )
+                    .returning(EagerTotal.id)
+                ).scalar_one()
+            else:
+                conn.execute(
+                    update(EagerTotal)
+                    .where(EagerTotal.id == total_id)
+                    .values(
+                        batches=EagerTotal.batches + batches,
+                        tokens=EagerTotal.tokens + tokens,
+                        updated_at=now,
+                    )
+                )
+        if fallbacks:
+            conn.execute(insert(EagerFallback), fallbacks)
+
+        sizes = [
+            {"run_id": run_id, "window_start": start, "num_tokens": size, "batches": batches}
+            for size, batches in sorted(traffic.batch_sizes.items())
+        ]
+        if sizes:
+            conn.execute(insert(BatchSizeCount), sizes)

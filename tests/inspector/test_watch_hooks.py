@@ -1,0 +1,335 @@
+"""The watch's hooks on the real ``torch.cuda.CUDAGraph`` class, run on the eager stand-in."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import torch
+from test_watch_standin import eager_cuda_graphs
+
+from capture_core.events import CaptureEvent, ViolationEvent, ViolationKind
+from capture_core.modes import CUDAGraphMode
+from inspector import watch
+from inspector.watch.compile_log import SKIP_LOGGER, TREES_LOGGER
+from inspector.watch.identity import KEY_LIMIT, WatchedDescriptor
+from inspector.watch.watcher import CompileEvent, CompileEventKind, Watcher
+
+
+class Collector:
+    """A GraphObserver that keeps everything, as a test double for the Recorder."""
+
+    def __init__(self) -> None:
+        self.captures: list[CaptureEvent] = []
+        self.replays: list[tuple[CUDAGraphMode, WatchedDescriptor, int]] = []
+        self.violations: list[ViolationEvent] = []
+        self.compile_events: list[CompileEvent] = []
+
+    def on_capture(self, event: CaptureEvent) -> None:
+        self.captures.append(event)
+
+    def on_replay(self, mode: CUDAGraphMode, descriptor: WatchedDescriptor, num_real_tokens: int) -> None:
+        self.replays.append((mode, descriptor, num_real_tokens))
+
+    def on_eager(self, *args: object) -> None:
+        raise AssertionError("a watch never reports eager batches")
+
+    def on_violation(self, event: ViolationEvent) -> None:
+        self.violations.append(event)
+
+    def on_compile_event(self, event: CompileEvent) -> None:
+        self.compile_events.append(event)
+
+    def kinds(self) -> list[ViolationKind]:
+        return [v.kind for v in self.violations]
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    with eager_cuda_graphs():
+        sink = Collector()
+        yield sink
+        watch.uninstall()
+
+
+MODEL = torch.nn.Linear(4, 4)
+
+
+def capture(x: torch.Tensor, pool: object = None) -> torch.cuda.CUDAGraph:
+    """How vLLM-style code captures: a function called with the static inputs."""
+    graph = torch.cuda.CUDAGraph()
+    graph.capture_begin(pool=pool)
+    MODEL(x)
+    graph.capture_end()
+    return graph
+
+
+def test_uninstall_restores_every_original_exactly() -> None:
+    cls = torch.cuda.CUDAGraph
+    before = {name: cls.__dict__[name] for name in ("capture_begin", "capture_end", "replay")}
+    mgc = (torch.cuda.make_graphed_callables, torch.cuda.graphs.make_graphed_callables)
+    watch.install(Collector())
+    try:
+        assert all(cls.__dict__[name] is not fn for name, fn in before.items())
+        assert torch.cuda.make_graphed_callables is not mgc[0]
+        with pytest.raises(RuntimeError, match="already installed"):
+            watch.install(Collector())
+    finally:
+        watch.uninstall()
+    assert {name: cls.__dict__[name] for name in before} == before
+    assert all(cls.__dict__[name] is fn for name, fn in before.items())
+    assert (torch.cuda.make_graphed_callables, torch.cuda.graphs.make_graphed_callables) == mgc
+    assert logging.getLogger(TREES_LOGGER).filters == [] and logging.getLogger(SKIP_LOGGER).filters == []
+    watch.uninstall()  # a second uninstall is a no-op
+
+
+def test_uninstall_removes_patches_from_a_class_that_only_inherited_them(collector: Collector) -> None:
+    class EngineGraph(torch.cuda.CUDAGraph):
+        """An engine's subclass that defines no methods of its own."""
+
+    watch.install(collector, graph_class=EngineGraph)
+    assert "replay" in vars(EngineGraph)
+    graph = EngineGraph()
+    graph.capture_begin()
+    graph.capture_end()
+    graph.replay()
+    assert len(collector.captures) == 1 and len(collector.replays) == 1
+    watch.uninstall()
+    assert not {"capture_begin", "capture_end", "replay"} & set(vars(EngineGraph))
+
+
+def test_identity_is_call_site_and_shapes_and_stable_across_watches(collector: Collector) -> None:
+    watch.install(collector)
+    x8, x2 = torch.zeros(8, 4), torch.zeros(2, 4)
+    capture(x8)
+    capture(x2)
+    watch.uninstall()
+    watch.install(collector)
+    capture(x8)
+    first, second, again = collector.captures
+    assert first.descriptor.key == again.descriptor.key != second.descriptor.key
+    assert first.descriptor.key.startswith("test_watch_hooks.py:") and "[8x4]" in first.descriptor.key
+    assert len(first.descriptor.key) <= KEY_LIMIT
+    assert first.wrapper.endswith("in capture") and "test_watch_hooks.py:" in first.wrapper
+    assert (first.descriptor.num_tokens, second.descriptor.num_tokens) == (8, 2)
+    assert first.input_names == ("x",) and first.input_addresses == (x8.data_ptr(),)
+    assert first.mode is CUDAGraphMode.FULL and first.backend == "cuda"
+    assert isinstance(first.descriptor, WatchedDescriptor)
+
+
+def test_inputs_unseen_in_frames_come_from_the_first_module_call(collector: Collector) -> None:
+    watch.install(collector)
+    graph = torch.cuda.CUDAGraph()
+    x = torch.zeros(16, 4)
+    graph.capture_begin()
+    MODEL(x)  # the capturing code has no tensor arguments: a module-level loop would look like this
+    graph.capture_end()
+    (event,) = collector.captures
+    assert event.input_names == ("Linear.args[0]",) and event.input_addresses == (x.data_ptr(),)
+    assert event.descriptor.num_tokens == 16
+    assert not torch.nn.modules.module._global_forward_pre_hooks  # removed at capture_end
+
+
+def test_replays_are_counted_per_graph_and_never_replayed_graphs_listed(collector: Collector) -> None:
+    watcher = watch.install(collector)
+    big, small = capture(torch.zeros(8, 4)), capture(torch.zeros(2, 4))
+    for _ in range(3):
+        big.replay()
+    assert big.eager_replays == 3  # the original replay ran every time
+    descriptor = collector.captures[0].descriptor
+    assert collector.replays == [(CUDAGraphMode.FULL, descriptor, 8)] * 3
+    assert [g.replays for g in watcher.graphs] == [3, 0]
+    assert [g.identity.key for g in watcher.never_replayed()] == [collector.captures[1].descriptor.key]
+    assert small.eager_replays == 0
+
+
+def test_ready_after_n_quiet_replays_makes_the_next_capture_unexpected_with_its_stack(
+    collector: Collector,
+) -> None:
+    watch.install(collector, ready_after=5)
+    graph = capture(torch.zeros(8, 4))
+    for _ in range(4):
+        graph.replay()
+    capture(torch.zeros(4, 4))  # 4 quiet replays: still start-up
+    assert not collector.violations
+    for _ in range(5):
+        graph.replay()
+    capture(torch.zeros(2, 4))
+    assert [c.unexpected for c in collector.captures] == [False, False, True]
+    (violation,) = collector.violations
+    assert violation.kind is ViolationKind.UNEXPECTED_CAPTURE
+    assert violation.descriptor == collector.captures[2].descriptor
+    assert "ready_after=5" in violation.message
+    assert "in capture" in violation.stack and "test_ready_after_n_quiet_replays" in violation.stack
+    assert "graph.capture_begin(pool=pool)" in violation.stack
+
+
+def test_mark_ready_makes_every_later_capture_unexpected(collector: Collector) -> None:
+    watch.install(collector)
+    capture(torch.zeros(8, 4))
+    watch.mark_ready()
+    capture(torch.zeros(8, 4))
+    capture(torch.zeros(1, 4))
+    assert [c.unexpected for c in collector.captures] == [False, True, True]
+    assert collector.kinds() == [ViolationKind.UNEXPECTED_CAPTURE] * 2
+    assert all("mark_ready()" in v.message for v in collector.violations)
+
+
+def test_mark_ready_without_install_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match="not installed"):
+        watch.mark_ready()
+
+
+def test_start_up_captures_of_many_shapes_are_not_a_storm(collector: Collector) -> None:
+    watch.install(collector, storm_threshold=3)
+    graphs = [capture(torch.zeros(n, 4)) for n in (64, 32, 16, 8, 4, 2, 1)]
+    for graph in graphs:
+        graph.replay()
+    assert not collector.violations
+
+
+def test_a_site_that_keeps_capturing_once_in_use_is_a_rerecord_storm(collector: Collector) -> None:
+    watch.install(collector, storm_threshold=3)
+    capture(torch.zeros(8, 4)).replay()
+    for n in (9, 10):
+        capture(torch.zeros(n, 4))
+    assert not collector.violations
+    capture(torch.zeros(11, 4))
+    capture(torch.zeros(11, 4))
+    assert collector.kinds() == [ViolationKind.RERECORD_STORM] * 2
+    storm = collector.violations[-1]
+    assert storm.descriptor.key.startswith("test_watch_hooks.py:") and " site #" in storm.descriptor.key
+    assert "re-recorded 4 graphs" in storm.message and "the same shape again" in storm.message
+    assert collector.violations[0].descriptor == storm.descriptor  # one finding, counted twice
+
+
+def test_pool_memory_is_what_the_capture_added_to_its_pool(collector: Collector) -> None:
+    reserved: dict[tuple[int, int], int] = {}
+    added = iter([1000, 300])
+
+    def meter(pool: tuple[int, int]) -> int:
+        return reserved.get(pool, 0)
+
+    def grow_pool(module: torch.nn.Module, args: object) -> None:
+        pool = torch.cuda.CUDAGraph.__dict__  # noqa: F841 - keeps the hook signature honest
+        reserved[current_pool[0]] = reserved.get(current_pool[0], 0) + next(added)
+
+    watcher = Watcher(collector, pool_meter=meter)
+    from inspector.watch.hooks import Hooks
+
+    hooks = Hooks(watcher)
+    hooks.install()
+    handle = MODEL.register_forward_pre_hook(grow_pool)
+    try:
+        current_pool: list[tuple[int, int]] = []
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin()
+        current_pool.append(graph.pool())
+        MODEL(torch.zeros(8, 4))
+        graph.capture_end()
+        second = torch.cuda.CUDAGraph()
+        second.capture_begin(pool=graph.pool())
+        MODEL(torch.zeros(4, 4))
+        second.capture_end()
+    finally:
+        handle.remove()
+        hooks.uninstall()
+    assert [c.pool_bytes for c in collector.captures] == [1000, 300]
+    assert watcher.graphs[0].pool == watcher.graphs[1].pool == graph.pool()
+
+
+def test_a_failing_recorder_never_breaks_the_engine(collector: Collector) -> None:
+    class Broken(Collector):
+        def on_capture(self, event: CaptureEvent) -> None:
+            raise OSError("disk full")
+
+        def on_replay(self, *args: object) -> None:
+            raise OSError("disk full")
+
+    watcher = watch.install(Broken())
+    graph = capture(torch.zeros(2, 4))
+    graph.replay()
+    assert graph.eager_replays == 1 and watcher.graphs[0].replays == 1
+    assert watcher.sink_errors == 2
+
+
+def test_a_failed_capture_leaves_no_state_behind(collector: Collector) -> None:
+    watch.install(collector)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError):
+        graph.capture_begin(pool=("not", "a pool"))  # torch refuses it: nothing is recorded
+    assert "_graph_inspector_pending" not in vars(graph)
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    with pytest.raises(RuntimeError, match="without capture_begin"):
+        graph.capture_end()
+    assert not collector.captures
+
+
+def test_a_second_capture_begin_keeps_the_capture_in_progress(collector: Collector) -> None:
+    watch.install(collector)
+    graph = torch.cuda.CUDAGraph()
+    graph.capture_begin()
+    with pytest.raises(RuntimeError, match="already capturing"):
+        graph.capture_begin()
+    MODEL(torch.zeros(3, 4))
+    graph.capture_end()
+    (event,) = collector.captures
+    assert event.descriptor.num_tokens == 3
+    assert "_graph_inspector_pending" not in vars(graph)
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
+class Keep(logging.Handler):
+    """A handler on ``torch._inductor``, where torch's own console handler sits: what users see."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def console() -> Iterator[Keep]:
+    handler = Keep()
+    parent = logging.getLogger("torch._inductor")
+    parent.addHandler(handler)
+    yield handler
+    parent.removeHandler(handler)
+
+
+def test_a_skip_log_line_becomes_a_compile_event_and_still_reaches_the_user(
+    collector: Collector, console: Keep
+) -> None:
+    watch.install(collector)
+    logging.getLogger(SKIP_LOGGER).warning(
+        "skipping cudagraphs due to mutated inputs (1 instances). Found from : model.py:12"
+    )
+    (event,) = collector.compile_events
+    assert event.kind is CompileEventKind.SKIP
+    assert event.reason == "mutated inputs (1 instances). Found from : model.py:12"
+    assert [r.getMessage()[:19] for r in console.records] == ["skipping cudagraphs"]
+
+
+def test_a_rerecord_debug_line_is_heard_without_reaching_the_users_console(
+    collector: Collector, console: Keep
+) -> None:
+    trees = logging.getLogger(TREES_LOGGER)
+    level = trees.level
+    watch.install(collector)
+    trees.debug(
+        "[%s] Re-recording function=%s, mode=%s, reason=%s",
+        "0/0",
+        "forward",
+        "INFERENCE",
+        "static input data pointer changed.",
+    )
+    trees.warning("a warning the user sees as before")
+    watch.uninstall()
+    (event,) = collector.compile_events
+    assert (event.kind, event.function) == (CompileEventKind.RERECORD, "forward")
+    assert event.reason == "static input data pointer changed."
+    assert [r.getMessage() for r in console.records] == ["a warning the user sees as before"]
+    assert trees.level == level and not trees.filters
