@@ -1,0 +1,100 @@
+"""`graph-inspector serve`: the dashboard daemon on waitress, a production WSGI server.
+
+Loopback by default. Binding anywhere else exposes graph-cache internals and stack traces to the
+network, so it needs an access token (``--token`` or $GRAPH_INSPECTOR_TOKEN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+TOKEN_ENV = "GRAPH_INSPECTOR_TOKEN"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8050
+THREADS = 8
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the dashboard, its JSON API and /metrics",
+        description="Serve the dashboard (pages, JSON API under /api, /metrics, /healthz) for a database.",
+    )
+    parser.add_argument("--db", metavar="URL", help="database URL (default: $GRAPH_INSPECTOR_DB, else "
+                        "sqlite:///graph-inspector.db)")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; "
+                        "anything but loopback needs a token)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port (default {DEFAULT_PORT}; 0 picks a free one and prints it)")
+    parser.add_argument("--token", help=f"access token for every page, API call and scrape (default: "
+                        f"${TOKEN_ENV})")
+    parser.set_defaults(func=run)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    from inspector.errors import UsageError
+
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if not is_loopback(args.host) and not token:
+        raise UsageError(
+            f"refusing to serve on {args.host} without an access token: the dashboard shows stack traces "
+            f"and memory addresses. Pass --token (or set {TOKEN_ENV}), or bind to {DEFAULT_HOST}."
+        )
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
+    from dashboard.app import create_app
+
+    app = create_app(args.db, token=token)
+    return serve(app, args.host, args.port)
+
+
+def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int:
+    """Serve ``app`` (from ``create_app``) on waitress until interrupted, after printing its URL.
+
+    ``port=0`` binds a free port; the printed URL carries the real one. The daemon's time series
+    are loaded before the URL is printed, so the first page is as fast as the rest.
+    """
+    import logging
+
+    from waitress.server import create_server
+
+    from dashboard.resources import EXTENSION
+    from inspector.errors import UsageError
+
+    state = app.extensions[EXTENSION]
+    state.queries.rollup.refresh()
+    try:
+        server = create_server(app, host=host, port=port, threads=THREADS, ident="graph-inspector")
+    except OSError as error:
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    shown_host = f"[{host}]" if ":" in host else host
+    url = f"http://{shown_host}:{server.effective_port}/"
+    print(f"graph-inspector dashboard: {url}  (database: {state.store.display_url})", flush=True)
+    if state.token:
+        print("  access token required: open the URL once with ?token=<token>, or send "
+              "'Authorization: Bearer <token>'", flush=True)
+    print("  Ctrl-C stops it", flush=True)
+    logging.getLogger("waitress").setLevel(logging.WARNING)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        print("graph-inspector dashboard: stopped", file=sys.stderr)
+    finally:
+        server.close()
+    return 0

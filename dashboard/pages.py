@@ -1,0 +1,60 @@
+"""The HTML pages. Each renders the same data as its JSON twin (see ``dashboard.resources``)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, render_template
+
+from dashboard import resources
+from dashboard.resources import GRAPH_MODES, VIOLATION_KINDS, queries
+from inspector.queries import GRAPH_SORTS
+
+bp = Blueprint("pages", __name__)
+
+
+@bp.get("/")
+def overview() -> str:
+    summary = resources.summary().data
+    return render_template(
+        "overview.html", summary=summary, runs=queries().run_options(), live=bool(summary["runs"]["live"])
+    )
+
+
+@bp.get("/graphs")
+def graphs() -> str:
+    resource = resources.graphs()
+    return render_template(
+        "graphs.html", listing=resource.data, page=resource.page, runs=queries().run_options(),
+        modes=GRAPH_MODES, sorts=list(GRAPH_SORTS), live=_any_live(),
+    )
+
+
+@bp.get("/graphs/<graph_id>")
+def graph(graph_id: str) -> str:
+    resource = resources.graph(graph_id)
+    return render_template("graph.html", graph=resource.data, live=resource.data["run"]["live"])
+
+
+@bp.get("/violations")
+def violations() -> str:
+    resource = resources.violations()
+    return render_template(
+        "violations.html", listing=resource.data, page=resource.page, runs=queries().run_options(),
+        kinds=VIOLATION_KINDS, live=_any_live(),
+    )
+
+
+@bp.get("/runs")
+def runs() -> str:
+    resource = resources.runs()
+    return render_template("runs.html", listing=resource.data, page=resource.page, live=_any_live())
+
+
+@bp.get("/runs/compare")
+def compare() -> str:
+    resource = resources.compare()
+    data = resource.data
+    return render_template("compare.html", comparison=data, live=data["a"]["live"] or data["b"]["live"])
+
+
+def _any_live() -> bool:
+    return any(run["live"] for run in queries().run_options())

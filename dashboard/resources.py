@@ -1,0 +1,115 @@
+"""What each page shows, read from the request and the database: one function per resource.
+
+A page and its JSON twin call the same function, so they can never disagree; the page only adds
+presentation. Every function raises a werkzeug HTTPException (400/404) for a bad request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flask import current_app
+from werkzeug.exceptions import BadRequest, NotFound
+
+from capture_core.events import ViolationKind
+from capture_core.modes import CUDAGraphMode
+from dashboard.params import choice_arg, int_arg, pagination, parse_int
+from inspector.queries import GRAPH_SORTS, Page, Queries
+
+EXTENSION = "graph_inspector"
+GRAPH_MODES = tuple(m.label for m in CUDAGraphMode if m.is_runtime_mode() and m is not CUDAGraphMode.NONE)
+VIOLATION_KINDS = tuple(k.value for k in ViolationKind)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """The data of one answer, and its page of a listing when it is one."""
+
+    data: Any
+    page: dict[str, int] | None = None
+
+    @classmethod
+    def from_page(cls, page: Page, **extra: Any) -> Resource:
+        return cls({"items": page.items, **extra}, page.meta())
+
+
+def queries() -> Queries:
+    return current_app.extensions[EXTENSION].queries
+
+
+def _run_filter() -> int | None:
+    run_id = int_arg("run")
+    if run_id is not None and not queries().run_exists(run_id):
+        raise NotFound(f"no run with id {run_id}")
+    return run_id
+
+
+def _id(name: str, raw: str) -> int:
+    return parse_int(f"{name} id", raw)
+
+
+def summary() -> Resource:
+    return Resource(queries().summary(_run_filter()))
+
+
+def graphs() -> Resource:
+    run_id = _run_filter()
+    mode = choice_arg("mode", GRAPH_MODES)
+    size = int_arg("size")
+    sort = choice_arg("sort", GRAPH_SORTS, default="id")
+    order = choice_arg("order", ("asc", "desc"), default="asc")
+    page, per_page = pagination()
+    assert sort is not None
+    listing = queries().graphs(run_id=run_id, mode=mode, size=size, sort=sort, descending=order == "desc",
+                               page=page, per_page=per_page)
+    filters = {"run": run_id, "mode": mode, "size": size, "sort": sort, "order": order}
+    return Resource.from_page(listing, filters=filters)
+
+
+def graph(raw_id: str) -> Resource:
+    graph_id = _id("graph", raw_id)
+    found = queries().graph(graph_id)
+    if found is None:
+        raise NotFound(f"no graph with id {graph_id}")
+    return Resource(found)
+
+
+def violations() -> Resource:
+    run_id = _run_filter()
+    kind = choice_arg("kind", VIOLATION_KINDS)
+    page, per_page = pagination()
+    listing = queries().violations(run_id=run_id, kind=kind, page=page, per_page=per_page)
+    return Resource.from_page(listing, filters={"run": run_id, "kind": kind})
+
+
+def violation(raw_id: str) -> Resource:
+    violation_id = _id("violation", raw_id)
+    found = queries().violation(violation_id)
+    if found is None:
+        raise NotFound(f"no violation with id {violation_id}")
+    return Resource(found)
+
+
+def runs() -> Resource:
+    page, per_page = pagination()
+    return Resource.from_page(queries().runs(page=page, per_page=per_page))
+
+
+def run(raw_id: str) -> Resource:
+    run_id = _id("run", raw_id)
+    found = queries().run(run_id)
+    if found is None:
+        raise NotFound(f"no run with id {run_id}")
+    return Resource(found)
+
+
+def compare() -> Resource:
+    a, b = int_arg("a"), int_arg("b")
+    if a is None or b is None:
+        raise BadRequest("compare needs two runs: ?a=RUN_ID&b=RUN_ID")
+    found = queries().compare_runs(a, b)
+    if found is None:
+        missing = [r for r in (a, b) if not queries().run_exists(r)]
+        raise NotFound(f"no run with id {missing[0]}")
+    return Resource(found)

@@ -1,0 +1,319 @@
+/* graph-inspector dashboard: draws the charts, refreshes live pages, picks runs to compare.
+ * Data arrives as JSON (embedded <script type="application/json"> or /api/*) and is only ever
+ * written into the page as text (textContent) or chart data, never as HTML: violation messages and
+ * stacks come from the engine and are untrusted. */
+(function () {
+  "use strict";
+
+  const COLORS = { full: "#3461d1", piecewise: "#7c4dff", waste: "#e8833a", hit: "#1f8a4c", replays: "#9db4ee",
+                   capture: "rgba(197, 53, 43, 0.55)", grid: "#eceef3" };
+  const REFRESH_MS = 5000;
+
+  const fmt = {
+    count: (v) => (v === null || v === undefined ? "\u2013" : Number(v).toLocaleString("en-US")),
+    percent: (v) => (v === null || v === undefined ? "\u2013" : (v * 100).toFixed(1) + " %"),
+    bytes: (v) => {
+      if (v === null || v === undefined) return "\u2013";
+      const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+      let size = Number(v), unit = 0;
+      while (Math.abs(size) >= 1024 && unit < units.length - 1) { size /= 1024; unit += 1; }
+      return unit === 0 ? size + " B" : size.toFixed(1) + " " + units[unit];
+    },
+    seconds: (v) => {
+      if (v === null || v === undefined) return "\u2013";
+      if (Math.abs(v) < 1) return (v * 1000).toFixed(1) + " ms";
+      if (Math.abs(v) < 120) return v.toFixed(2) + " s";
+      return (v / 60).toFixed(1) + " min";
+    },
+    clock: (t, span) => {
+      const d = new Date(t * 1000);
+      const hm = d.toISOString().slice(11, span > 2 * 86400 ? 16 : 19);
+      return span > 86400 ? d.toISOString().slice(5, 10) + " " + hm.slice(0, 5) : hm;
+    },
+  };
+
+  function readJson(id) {
+    const node = document.getElementById(id);
+    return node ? JSON.parse(node.textContent) : null;
+  }
+
+  function pick(obj, path) {
+    return path.split(".").reduce((o, key) => (o === null || o === undefined ? o : o[key]), obj);
+  }
+
+  function chartsAvailable() {
+    if (window.Chart) return true;
+    document.querySelectorAll(".chart-box").forEach((box) => {
+      const note = document.createElement("div");
+      note.className = "chart-empty";
+      note.textContent = "Chart unavailable: the chart library is not installed.";
+      box.appendChild(note);
+    });
+    return false;
+  }
+
+  function emptyNote(canvas, empty) {
+    const box = canvas.parentElement;
+    let note = box.querySelector(".chart-empty");
+    if (empty && !note) {
+      note = document.createElement("div");
+      note.className = "chart-empty";
+      note.textContent = "No data yet.";
+      box.appendChild(note);
+    } else if (!empty && note) {
+      note.remove();
+    }
+  }
+
+  const baseOptions = () => ({
+    responsive: true,
+    maintainAspectRatio: false,
+    animation: false,
+    interaction: { mode: "nearest", intersect: false },
+    plugins: { legend: { position: "bottom", labels: { boxWidth: 12, boxHeight: 12 } } },
+  });
+
+  /* Dashed vertical lines at the capture sizes, over the batch-size histogram. */
+  const captureSizeLines = {
+    id: "captureSizeLines",
+    afterDatasetsDraw(chart, _args, options) {
+      const sizes = options.sizes || [];
+      const x = chart.scales.x, area = chart.chartArea, ctx = chart.ctx;
+      ctx.save();
+      ctx.strokeStyle = COLORS.capture;
+      ctx.setLineDash([4, 3]);
+      ctx.lineWidth = 1;
+      sizes.forEach((size) => {
+        const px = x.getPixelForValue(size);
+        if (px < area.left || px > area.right) return;
+        ctx.beginPath();
+        ctx.moveTo(px, area.top);
+        ctx.lineTo(px, area.bottom);
+        ctx.stroke();
+      });
+      ctx.restore();
+    },
+  };
+
+  function seriesConfig(s) {
+    const points = s.charts.series;
+    const span = points.length ? points[points.length - 1].t - points[0].t : 0;
+    return {
+      type: "line",
+      data: {
+        labels: points.map((p) => fmt.clock(p.t, span)),
+        datasets: [
+          { label: "hit ratio", data: points.map((p) => (p.hit_ratio === null ? null : p.hit_ratio * 100)),
+            borderColor: COLORS.hit, backgroundColor: COLORS.hit, pointRadius: 0, borderWidth: 2, spanGaps: true },
+          { label: "padding waste", data: points.map((p) => (p.padding_waste === null ? null : p.padding_waste * 100)),
+            borderColor: COLORS.waste, backgroundColor: COLORS.waste, pointRadius: 0, borderWidth: 2, spanGaps: true },
+        ],
+      },
+      options: Object.assign(baseOptions(), {
+        scales: { y: { min: 0, max: 100, ticks: { callback: (v) => v + " %" }, grid: { color: COLORS.grid } },
+                  x: { ticks: { maxTicksLimit: 8, maxRotation: 0 }, grid: { display: false } } },
+        plugins: Object.assign(baseOptions().plugins, {
+          tooltip: { callbacks: { label: (c) => c.dataset.label + ": " + (c.parsed.y === null ? "\u2013" : c.parsed.y.toFixed(1) + " %") } },
+        }),
+      }),
+    };
+  }
+
+  function wasteConfig(s) {
+    const rows = s.charts.waste_by_size;
+    const sizes = [...new Set(rows.map((r) => r.size))].sort((a, b) => a - b);
+    const modes = [...new Set(rows.map((r) => r.mode))].sort();
+    return {
+      type: "bar",
+      data: {
+        labels: sizes.map(String),
+        datasets: modes.map((mode) => ({
+          label: mode,
+          backgroundColor: COLORS[mode] || COLORS.replays,
+          data: sizes.map((size) => {
+            const row = rows.find((r) => r.size === size && r.mode === mode);
+            return row && row.padding_waste !== null ? row.padding_waste * 100 : null;
+          }),
+        })),
+      },
+      options: Object.assign(baseOptions(), {
+        scales: { y: { min: 0, ticks: { callback: (v) => v + " %" }, grid: { color: COLORS.grid },
+                       title: { display: true, text: "padding waste" } },
+                  x: { title: { display: true, text: "capture size (tokens)" }, grid: { display: false },
+                       ticks: { maxRotation: 0, autoSkipPadding: 6 } } },
+      }),
+    };
+  }
+
+  function batchesConfig(s) {
+    const rows = s.charts.batch_sizes;
+    const sizes = s.charts.capture_sizes;
+    const largest = Math.max(1, ...rows.map((r) => r.size), ...sizes);
+    return {
+      type: "bar",
+      data: { datasets: [{ label: "batches of this many tokens", backgroundColor: COLORS.replays,
+                           data: rows.map((r) => ({ x: r.size, y: r.batches })), barPercentage: 1, categoryPercentage: 1 }] },
+      options: Object.assign(baseOptions(), {
+        scales: { x: { type: "linear", min: 0, max: largest + 1, title: { display: true, text: "real tokens per batch (dashed: capture sizes)" },
+                       grid: { display: false } },
+                  y: { beginAtZero: true, grid: { color: COLORS.grid }, title: { display: true, text: "batches" } } },
+        plugins: Object.assign(baseOptions().plugins, { captureSizeLines: { sizes: sizes } }),
+      }),
+      plugins: [captureSizeLines],
+    };
+  }
+
+  function memoryConfig(s) {
+    const rows = s.charts.graph_memory;
+    const modes = [...new Set(rows.map((r) => r.mode))].sort();
+    return {
+      type: "scatter",
+      data: {
+        datasets: modes.map((mode) => ({
+          label: mode,
+          backgroundColor: COLORS[mode] || COLORS.replays,
+          pointRadius: 3.5,
+          data: rows.filter((r) => r.mode === mode).map((r) => ({ x: r.size, y: r.pool_bytes / 1048576, id: r.id })),
+        })),
+      },
+      options: Object.assign(baseOptions(), {
+        scales: { x: { title: { display: true, text: "capture size (tokens)" }, grid: { color: COLORS.grid } },
+                  y: { beginAtZero: true, title: { display: true, text: "pool memory (MiB)" }, grid: { color: COLORS.grid } } },
+        plugins: Object.assign(baseOptions().plugins, {
+          tooltip: { callbacks: { label: (c) => "graph #" + c.raw.id + ": " + c.raw.x + " tokens, " + c.raw.y.toFixed(1) + " MiB" } },
+        }),
+        onClick: (_e, elements, chart) => {
+          if (!elements.length) return;
+          const point = chart.data.datasets[elements[0].datasetIndex].data[elements[0].index];
+          window.location.href = "/graphs/" + encodeURIComponent(point.id);
+        },
+      }),
+    };
+  }
+
+  const OVERVIEW_CHARTS = [
+    ["chart-series", seriesConfig, (s) => s.charts.series.length === 0],
+    ["chart-waste", wasteConfig, (s) => s.charts.waste_by_size.length === 0],
+    ["chart-batches", batchesConfig, (s) => s.charts.batch_sizes.length === 0],
+    ["chart-memory", memoryConfig, (s) => s.charts.graph_memory.length === 0],
+  ];
+
+  function drawOverview(summary, charts) {
+    OVERVIEW_CHARTS.forEach(([id, config, isEmpty]) => {
+      const canvas = document.getElementById(id);
+      if (!canvas) return;
+      emptyNote(canvas, isEmpty(summary));
+      const fresh = config(summary);
+      if (charts[id]) {
+        charts[id].data = fresh.data;
+        charts[id].options = fresh.options;
+        charts[id].update("none");
+      } else {
+        charts[id] = new window.Chart(canvas, fresh);
+      }
+    });
+  }
+
+  function updateKpis(summary) {
+    document.querySelectorAll("[data-kpi]").forEach((node) => {
+      const format = fmt[node.dataset.format] || fmt.count;
+      node.textContent = format(pick(summary, node.dataset.kpi));
+    });
+  }
+
+  function overview() {
+    let summary = readJson("summary-data");
+    if (!summary) return;
+    const charts = {};
+    const canDraw = chartsAvailable();
+    if (canDraw) drawOverview(summary, charts);
+    live(async () => {
+      const response = await fetch("/api/summary" + window.location.search, { headers: { Accept: "application/json" } });
+      const body = await response.json();
+      if (!body.ok) throw new Error(body.error);
+      summary = body.data;
+      updateKpis(summary);
+      if (canDraw) drawOverview(summary, charts);
+      if (summary.runs.live.length === 0) stopLive();
+    });
+  }
+
+  function graphPage() {
+    const history = readJson("graph-data");
+    const canvas = document.getElementById("chart-history");
+    if (!history || !canvas || !chartsAvailable()) return;
+    emptyNote(canvas, history.length === 0);
+    const span = history.length ? history[history.length - 1].start - history[0].start : 0;
+    new window.Chart(canvas, {
+      type: "bar",
+      data: {
+        labels: history.map((w) => fmt.clock(w.start, span)),
+        datasets: [
+          { label: "replays", data: history.map((w) => w.replays), backgroundColor: COLORS.replays, yAxisID: "y" },
+          { label: "padding waste", type: "line", data: history.map((w) => (w.padding_waste === null ? null : w.padding_waste * 100)),
+            borderColor: COLORS.waste, backgroundColor: COLORS.waste, pointRadius: 0, borderWidth: 2, yAxisID: "waste" },
+        ],
+      },
+      options: Object.assign(baseOptions(), {
+        scales: { y: { beginAtZero: true, title: { display: true, text: "replays" }, grid: { color: COLORS.grid } },
+                  waste: { position: "right", min: 0, max: 100, ticks: { callback: (v) => v + " %" }, grid: { display: false } },
+                  x: { ticks: { maxTicksLimit: 8, maxRotation: 0 }, grid: { display: false } } },
+      }),
+    });
+  }
+
+  function runsPage() {
+    const form = document.getElementById("compare-form");
+    const button = document.getElementById("compare-button");
+    if (!form || !button) return;
+    const picks = () => [...document.querySelectorAll(".compare-pick:checked")].map((box) => box.value);
+    const sync = () => { button.disabled = picks().length !== 2; };
+    document.querySelectorAll(".compare-pick").forEach((box) => box.addEventListener("change", sync));
+    sync();
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const [a, b] = picks();
+      if (a && b) window.location.href = form.action + "?a=" + encodeURIComponent(a) + "&b=" + encodeURIComponent(b);
+    });
+  }
+
+  let liveTimer = null;
+  function stopLive() {
+    if (liveTimer) clearInterval(liveTimer);
+    liveTimer = null;
+    const label = document.getElementById("live-label");
+    if (label) label.textContent = "run ended · reload for the final numbers";
+  }
+
+  /* While a run is recording, refresh every few seconds (only while the tab is visible). */
+  function live(refresh) {
+    if (document.body.dataset.live !== "true") return;
+    liveTimer = setInterval(() => {
+      if (document.visibilityState !== "visible") return;
+      refresh().catch((error) => {
+        const label = document.getElementById("live-label");
+        if (label) label.textContent = "refresh failed: " + error.message;
+      });
+    }, REFRESH_MS);
+  }
+
+  const PAGES = {
+    "pages.overview": overview,
+    "pages.graph": graphPage,
+    "pages.runs": runsPage,
+  };
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const page = document.body.dataset.page;
+    (PAGES[page] || (() => {}))();
+    // Other pages reload whole, unless the reader is in the middle of something (a ticked run, an
+    // open stack, a focused filter).
+    if (page !== "pages.overview") {
+      live(async () => {
+        if (!document.querySelector(".compare-pick:checked, details[open], input:focus, select:focus")) {
+          window.location.reload();
+        }
+      });
+    }
+  });
+})();

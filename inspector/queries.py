@@ -1,0 +1,483 @@
+"""The read side of the database: every question the dashboard, its JSON API and the CLI ask.
+
+Answers are plain JSON-ready dictionaries, so that a page and its JSON twin are built from the same
+data. Times are UNIX epoch seconds, memory is bytes, ratios are 0..1 (None when there is nothing to
+divide). Traffic totals come from the recorder's running-totals tables (the same rows the Prometheus
+collector reads, so pages and metrics agree); traffic over time and the batch-size histogram from
+the in-memory ``Rollup`` (see ``inspector.rollup``); everything else is an indexed query over small
+result sets.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, Select, case, func, select
+from sqlalchemy.orm import Session
+
+from inspector.models import EagerTotal, Graph, ReplayTotal, ReplayWindow, Run, Violation
+from inspector.rollup import Rollup, Traffic
+
+LIVE_SECONDS = 30.0
+"""A run with no end whose recorder flushed within this many seconds is shown as live."""
+
+GRAPH_SORTS = {
+    "id": Graph.id,
+    "run": Graph.run_id,
+    "mode": Graph.mode,
+    "size": Graph.num_tokens,
+    "capture_seconds": Graph.capture_seconds,
+    "pool_bytes": Graph.pool_bytes,
+    "captured_at": Graph.captured_at,
+}
+"""The columns the graphs table may be sorted by (the API's ``sort=`` values)."""
+
+HISTORY_WINDOWS = 500
+"""How many of a graph's most recent replay windows its page charts."""
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing."""
+
+    items: list[dict[str, Any]]
+    page: int
+    per_page: int
+    total: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.per_page))
+
+    def meta(self) -> dict[str, int]:
+        return {"page": self.page, "per_page": self.per_page, "total": self.total, "pages": self.pages}
+
+
+class Queries:
+    """Read-only questions over one inspector database. One instance serves all request threads."""
+
+    def __init__(self, engine: Engine, *, now: Any = time.time) -> None:
+        self.engine = engine
+        self.rollup = Rollup(engine)
+        self._now = now
+
+    def _session(self) -> Session:
+        return Session(self.engine)
+
+    # Runs
+
+    def run_exists(self, run_id: int) -> bool:
+        with self._session() as session:
+            return session.get(Run, run_id) is not None
+
+    def run_options(self) -> list[dict[str, Any]]:
+        """Every run, newest first, as (id, label, live) for run pickers."""
+        with self._session() as session:
+            runs = session.scalars(select(Run).order_by(Run.started_at.desc(), Run.id.desc())).all()
+            return [{"id": r.id, "label": _run_label(r), "live": self._is_live(r)} for r in runs]
+
+    def runs(self, page: int = 1, per_page: int = 50) -> Page:
+        """Runs, newest first, each with its graph, memory, traffic and violation totals."""
+        with self._session() as session:
+            total = session.scalar(select(func.count(Run.id))) or 0
+            runs = session.scalars(
+                select(Run)
+                .order_by(Run.started_at.desc(), Run.id.desc())
+                .offset((page - 1) * per_page)
+                .limit(per_page)
+            ).all()
+            items = self._run_rows(session, runs)
+        return Page(items, page, per_page, total)
+
+    def run(self, run_id: int) -> dict[str, Any] | None:
+        with self._session() as session:
+            run = session.get(Run, run_id)
+            return self._run_rows(session, [run])[0] if run else None
+
+    def compare_runs(self, a: int, b: int) -> dict[str, Any] | None:
+        """Two runs side by side, with a per-capture-size table of both. None if either is unknown."""
+        with self._session() as session:
+            run_a, run_b = session.get(Run, a), session.get(Run, b)
+            if run_a is None or run_b is None:
+                return None
+            rows = self._run_rows(session, [run_a, run_b])
+            sizes: dict[tuple[str, int], dict[str, Any]] = {}
+            for side, run_id in (("a", a), ("b", b)):
+                for (mode, size), traffic in _traffic_by(session, ReplayTotal.mode, ReplayTotal.num_tokens,
+                                                         run_ids=[run_id]).items():
+                    entry = sizes.setdefault((mode, size), _size_row(mode, size))
+                    entry[side] = _traffic(traffic)
+                graphs = session.execute(
+                    select(Graph.mode, Graph.num_tokens, func.sum(Graph.pool_bytes), func.count(Graph.id))
+                    .where(Graph.run_id == run_id)
+                    .group_by(Graph.mode, Graph.num_tokens)
+                ).all()
+                for mode, size, pool, count in graphs:
+                    entry = sizes.setdefault((mode, size), _size_row(mode, size))
+                    entry[f"{side}_graphs"] = count
+                    entry[f"{side}_pool_bytes"] = pool
+        by_size = sorted(sizes.values(), key=lambda e: (e["mode"], e["size"]))
+        return {"a": rows[0], "b": rows[1], "by_size": by_size}
+
+    def _run_rows(self, session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
+        ids = [r.id for r in runs]
+        graph_totals = {
+            run_id: (count, pool, capture)
+            for run_id, count, pool, capture in session.execute(
+                select(Graph.run_id, func.count(Graph.id), func.sum(Graph.pool_bytes),
+                       func.sum(Graph.capture_seconds))
+                .where(Graph.run_id.in_(ids))
+                .group_by(Graph.run_id)
+            )
+        }
+        traffic = _traffic_by(session, ReplayTotal.run_id, run_ids=ids)
+        eager = _eager_by(session, EagerTotal.run_id, run_ids=ids)
+        violation_totals = dict(
+            session.execute(
+                select(Violation.run_id, func.count(Violation.id))
+                .where(Violation.run_id.in_(ids))
+                .group_by(Violation.run_id)
+            ).all()
+        )
+        rows = []
+        for run in runs:
+            count, pool, capture = graph_totals.get(run.id, (0, 0, 0.0))
+            rows.append({
+                **_run_fields(run),
+                "live": self._is_live(run),
+                "graphs": count,
+                "pool_bytes": pool or 0,
+                "capture_seconds": capture or 0.0,
+                "traffic": _traffic(_with_eager(traffic.get((run.id,)), eager.get((run.id,)))),
+                "violations": violation_totals.get(run.id, 0),
+            })
+        return rows
+
+    def _is_live(self, run: Run) -> bool:
+        return run.ended_at is None and self._now() - run.last_seen_at < LIVE_SECONDS
+
+    # Overview
+
+    def summary(self, run_id: int | None = None) -> dict[str, Any]:
+        """The overview: totals and the chart series, for one run or (``None``) every run."""
+        self.rollup.refresh()
+        scope = None if run_id is None else [run_id]
+        with self._session() as session:
+            graph_filter = [] if run_id is None else [Graph.run_id == run_id]
+            by_mode = dict(
+                session.execute(
+                    select(Graph.mode, func.count(Graph.id)).where(*graph_filter).group_by(Graph.mode)
+                ).all()
+            )
+            totals = session.execute(
+                select(func.count(Graph.id), func.sum(Graph.pool_bytes), func.sum(Graph.capture_seconds),
+                       func.sum(case((Graph.unexpected, 1), else_=0)))
+                .where(*graph_filter)
+            ).one()
+            memory = session.execute(
+                select(Graph.id, Graph.run_id, Graph.mode, Graph.num_tokens, Graph.pool_bytes)
+                .where(*graph_filter)
+                .order_by(Graph.num_tokens, Graph.id)
+            ).all()
+            violation_filter = [] if run_id is None else [Violation.run_id == run_id]
+            # Counted from the (kind, first_seen_at) index alone: summing ``count`` would read every
+            # row's message and stack, several times slower on a large table.
+            kinds = dict(
+                session.execute(
+                    select(Violation.kind, func.count(Violation.id))
+                    .where(*violation_filter)
+                    .group_by(Violation.kind)
+                ).all()
+            )
+            run_query = select(Run) if run_id is None else select(Run).where(Run.id == run_id)
+            runs = session.scalars(run_query).all()
+            live = [r.id for r in runs if self._is_live(r)]
+            traffic = _traffic_by(session, run_ids=scope).get((), Traffic())
+            eager = _eager_by(session, EagerTotal.reason, EagerTotal.mode, run_ids=scope)
+            traffic.eager_batches = sum(batches for batches, _ in eager.values())
+            by_size = _traffic_by(session, ReplayTotal.num_tokens, ReplayTotal.mode, run_ids=scope)
+        return {
+            "run": run_id,
+            "runs": {"total": len(runs), "live": live},
+            "graphs": {
+                "count": totals[0],
+                "by_mode": by_mode,
+                "pool_bytes": totals[1] or 0,
+                "capture_seconds": totals[2] or 0.0,
+                "unexpected": totals[3] or 0,
+            },
+            "traffic": _traffic(traffic),
+            "eager": [
+                {"reason": reason, "mode": mode, "batches": batches, "tokens": tokens}
+                for (reason, mode), (batches, tokens) in sorted(eager.items(), key=lambda item: -item[1][0])
+            ],
+            "violations": {"findings": sum(kinds.values()), "by_kind": kinds},
+            "charts": {
+                "series": [
+                    {"t": start, "hit_ratio": t.hit_ratio, "padding_waste": t.padding_waste,
+                     "replays": t.replays, "eager_batches": t.eager_batches}
+                    for start, t in self.rollup.series(scope)
+                ],
+                "waste_by_size": [
+                    {"mode": mode, "size": size, "replays": t.replays, "padding_waste": t.padding_waste}
+                    for (size, mode), t in sorted(by_size.items())
+                ],
+                "batch_sizes": [{"size": s, "batches": b} for s, b in self.rollup.batch_sizes(scope).items()],
+                "capture_sizes": sorted({size for _, _, _, size, _ in memory}),
+                "graph_memory": [
+                    {"id": gid, "run_id": rid, "mode": mode, "size": size, "pool_bytes": pool}
+                    for gid, rid, mode, size, pool in memory
+                ],
+            },
+        }
+
+    # Graphs
+
+    def graphs(
+        self,
+        *,
+        run_id: int | None = None,
+        mode: str | None = None,
+        size: int | None = None,
+        sort: str = "id",
+        descending: bool = False,
+        page: int = 1,
+        per_page: int = 50,
+    ) -> Page:
+        """Captured graphs, filtered and sorted (``sort`` is a key of ``GRAPH_SORTS``)."""
+        filters = []
+        if run_id is not None:
+            filters.append(Graph.run_id == run_id)
+        if mode is not None:
+            filters.append(Graph.mode == mode)
+        if size is not None:
+            filters.append(Graph.num_tokens == size)
+        column = GRAPH_SORTS[sort]
+        order = [column.desc() if descending else column.asc(), Graph.id.desc() if descending else Graph.id]
+        with self._session() as session:
+            total = session.scalar(select(func.count(Graph.id)).where(*filters)) or 0
+            graphs = session.scalars(
+                select(Graph).where(*filters).order_by(*order).offset((page - 1) * per_page).limit(per_page)
+            ).all()
+            traffic = _traffic_by(session, ReplayTotal.graph_id, graph_ids=[g.id for g in graphs])
+            items = [
+                {**_graph_fields(g), "traffic": _traffic(traffic.get((g.id,), Traffic()))} for g in graphs
+            ]
+        return Page(items, page, per_page, total)
+
+    def graph(self, graph_id: int) -> dict[str, Any] | None:
+        """One graph in full: what it baked in, its run, its replay history and its violations."""
+        with self._session() as session:
+            graph = session.get(Graph, graph_id)
+            if graph is None:
+                return None
+            windows = session.execute(
+                select(ReplayWindow.window_start, ReplayWindow.window_end, ReplayWindow.replays,
+                       ReplayWindow.real_tokens, ReplayWindow.padded_tokens)
+                .where(ReplayWindow.graph_id == graph_id)
+                .order_by(ReplayWindow.window_start.desc())
+                .limit(HISTORY_WINDOWS)
+            ).all()
+            violations = session.scalars(
+                _violations_query(run_id=graph.run_id)
+                .where(Violation.descriptor_key == graph.descriptor_key, Violation.mode == graph.mode)
+                .limit(20)
+            ).all()
+            names = json.loads(graph.input_names or "[]")
+            addresses = json.loads(graph.input_addresses or "[]")
+            slices = json.loads(graph.ubatch_slices or "[]")
+            return {
+                **_graph_fields(graph),
+                "run": _run_fields(graph.run) | {"live": self._is_live(graph.run)},
+                "warmup_iters": graph.warmup_iters,
+                "inputs": [
+                    {"name": name, "address": address, "address_hex": _hex(address)}
+                    for name, address in zip(names, addresses, strict=False)
+                ],
+                "ubatch_slices": [
+                    {"req_start": s[0], "req_stop": s[1], "token_start": s[2], "token_stop": s[3]}
+                    for s in slices
+                ],
+                "traffic": _traffic(
+                    _traffic_by(session, graph_ids=[graph_id]).get((), Traffic())
+                ),
+                "history": [
+                    {"start": start, "end": end, "replays": replays, "real_tokens": real,
+                     "padded_tokens": padded,
+                     "padding_waste": padded / (real + padded) if real + padded else None}
+                    for start, end, replays, real, padded in reversed(windows)
+                ],
+                "violations": [_violation_fields(v) for v in violations],
+            }
+
+    # Violations
+
+    def violations(
+        self, *, run_id: int | None = None, kind: str | None = None, page: int = 1, per_page: int = 50
+    ) -> Page:
+        """Violations, newest first."""
+        query = _violations_query(run_id=run_id, kind=kind)
+        filters = _violation_filters(run_id=run_id, kind=kind)
+        count = select(func.count(Violation.id)).where(*filters)
+        with self._session() as session:
+            total = session.scalar(count) or 0
+            rows = session.scalars(query.offset((page - 1) * per_page).limit(per_page)).all()
+            return Page([_violation_fields(v) for v in rows], page, per_page, total)
+
+    def violation(self, violation_id: int) -> dict[str, Any] | None:
+        with self._session() as session:
+            found = session.get(Violation, violation_id)
+            return _violation_fields(found) if found else None
+
+
+def _size_row(mode: str, size: int) -> dict[str, Any]:
+    """One capture size of a run comparison: graphs and pool memory, then traffic, per side."""
+    return {"mode": mode, "size": size, "a_graphs": 0, "a_pool_bytes": 0, "b_graphs": 0, "b_pool_bytes": 0,
+            "a": None, "b": None}
+
+
+def _violation_filters(*, run_id: int | None = None, kind: str | None = None) -> list:
+    filters = []
+    if run_id is not None:
+        filters.append(Violation.run_id == run_id)
+    if kind is not None:
+        filters.append(Violation.kind == kind)
+    return filters
+
+
+def _violations_query(*, run_id: int | None = None, kind: str | None = None) -> Select:
+    filters = _violation_filters(run_id=run_id, kind=kind)
+    return select(Violation).where(*filters).order_by(Violation.first_seen_at.desc(), Violation.id.desc())
+
+
+def _traffic_by(
+    session: Session, *keys: Any, run_ids: Sequence[int] | None = None, graph_ids: Sequence[int] | None = None
+) -> dict[tuple, Traffic]:
+    """Replay totals grouped by ``keys`` (key tuple -> Traffic; the empty tuple without keys)."""
+    t = ReplayTotal
+    query = select(*keys, func.sum(t.replays), func.sum(t.real_tokens), func.sum(t.padded_tokens))
+    if run_ids is not None:
+        query = query.where(t.run_id.in_(run_ids))
+    if graph_ids is not None:
+        query = query.where(t.graph_id.in_(graph_ids))
+    if keys:
+        query = query.group_by(*keys)
+    found = {}
+    for row in session.execute(query):
+        *key, replays, real, padded = row
+        if replays is not None:
+            found[tuple(key)] = Traffic(replays, real, padded)
+    return found
+
+
+def _eager_by(
+    session: Session, *keys: Any, run_ids: Sequence[int] | None = None
+) -> dict[tuple, tuple[int, int]]:
+    """Eager batches and tokens grouped by ``keys``."""
+    t = EagerTotal
+    query = select(*keys, func.sum(t.batches), func.sum(t.tokens)).group_by(*keys)
+    if run_ids is not None:
+        query = query.where(t.run_id.in_(run_ids))
+    return {tuple(key): (batches, tokens) for *key, batches, tokens in session.execute(query)}
+
+
+def _with_eager(traffic: Traffic | None, eager: tuple[int, int] | None) -> Traffic:
+    traffic = traffic or Traffic()
+    traffic.eager_batches = eager[0] if eager else 0
+    return traffic
+
+
+def _traffic(t: Traffic) -> dict[str, Any]:
+    return {
+        "replays": t.replays,
+        "eager_batches": t.eager_batches,
+        "real_tokens": t.real_tokens,
+        "padded_tokens": t.padded_tokens,
+        "hit_ratio": t.hit_ratio,
+        "padding_waste": t.padding_waste,
+    }
+
+
+def _hex(address: int | None) -> str | None:
+    return None if address is None else f"0x{address:x}"
+
+
+def _descriptor(row: Graph | Violation) -> dict[str, Any]:
+    return {
+        "num_tokens": row.num_tokens,
+        "num_reqs": row.num_reqs,
+        "uniform": bool(row.uniform),
+        "has_lora": bool(row.has_lora),
+        "num_active_loras": row.num_active_loras,
+        "key": row.descriptor_key,
+    }
+
+
+def _run_label(run: Run) -> str:
+    return run.label or f"run {run.id} ({run.host}, rank {run.rank})"
+
+
+def _run_fields(run: Run) -> dict[str, Any]:
+    try:
+        config = json.loads(run.config or "{}")
+    except ValueError:
+        config = {"unparsed": run.config}
+    return {
+        "id": run.id,
+        "label": _run_label(run),
+        "host": run.host,
+        "pid": run.pid,
+        "process": run.process,
+        "rank": run.rank,
+        "world_size": run.world_size,
+        "device": run.device,
+        "backend": run.backend,
+        "config": config,
+        "started_at": run.started_at,
+        "last_seen_at": run.last_seen_at,
+        "ended_at": run.ended_at,
+        "dropped_events": run.dropped_events,
+    }
+
+
+def _graph_fields(graph: Graph) -> dict[str, Any]:
+    return {
+        "id": graph.id,
+        "run_id": graph.run_id,
+        "mode": graph.mode,
+        "descriptor": _descriptor(graph),
+        "backend": graph.backend,
+        "wrapper": graph.wrapper,
+        "capture_seconds": graph.capture_seconds,
+        "pool_bytes": graph.pool_bytes,
+        "num_segments": graph.num_segments,
+        "num_ubatches": graph.num_ubatches,
+        "unexpected": bool(graph.unexpected),
+        "captured_at": graph.captured_at,
+    }
+
+
+def _violation_fields(v: Violation) -> dict[str, Any]:
+    return {
+        "id": v.id,
+        "run_id": v.run_id,
+        "kind": v.kind,
+        "mode": v.mode,
+        "descriptor": _descriptor(v),
+        "wrapper": v.wrapper,
+        "input_name": v.input_name,
+        "expected_address": v.expected_address,
+        "expected_address_hex": _hex(v.expected_address),
+        "actual_address": v.actual_address,
+        "actual_address_hex": _hex(v.actual_address),
+        "message": v.message,
+        "stack": v.stack,
+        "injected": bool(v.injected),
+        "count": v.count,
+        "first_seen_at": v.first_seen_at,
+        "last_seen_at": v.last_seen_at,
+    }

@@ -1,0 +1,212 @@
+"""In-memory time series of the append-only traffic tables, folded in incrementally by row id.
+
+Totals per graph key come from the recorder's running-totals tables, but the overview's charts need
+traffic *over time* and the batch-size histogram: sums over every replay window (a million rows is
+an ordinary week of a busy engine), and a full scan costs far more than a page may take. The
+recorder only ever *appends* replay windows, eager-fallback windows and batch-size counts, so the
+daemon reads each row once: every refresh sums, in the database, the rows whose id is above the
+last one folded (grouped by run and time bucket, or by run and batch size) and adds those few sums
+to small dictionaries. A refresh that finds nothing new costs three indexed ``max(id)`` look-ups.
+When rows disappear (a run was deleted, the database was replaced) the series are rebuilt.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, cast, func, select
+
+from inspector.models import BatchSizeCount, EagerFallback, ReplayWindow, Run
+
+
+@dataclass
+class Traffic:
+    """Replays and tokens of some slice of the traffic, plus the batches that ran eagerly."""
+
+    replays: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    eager_batches: int = 0
+
+    def add(self, other: Traffic) -> None:
+        self.replays += other.replays
+        self.real_tokens += other.real_tokens
+        self.padded_tokens += other.padded_tokens
+        self.eager_batches += other.eager_batches
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Share of batches served by a graph replay (None before any batch)."""
+        batches = self.replays + self.eager_batches
+        return self.replays / batches if batches else None
+
+    @property
+    def padding_waste(self) -> float | None:
+        """Share of the tokens computed by replays that were padding (None before any replay)."""
+        computed = self.real_tokens + self.padded_tokens
+        return self.padded_tokens / computed if computed else None
+
+
+@dataclass
+class TimeBuckets:
+    """Traffic per time bucket of one run. The bucket width doubles whenever there are too many
+    buckets, so a run of any length keeps a bounded, evenly spaced history."""
+
+    max_buckets: int
+    width: float = 1.0
+    buckets: dict[int, Traffic] = field(default_factory=dict)
+
+    def bucket(self, at: float) -> Traffic:
+        index = int(at // self.width)
+        found = self.buckets.get(index)
+        if found is None:
+            found = self.buckets[index] = Traffic()
+            if len(self.buckets) > self.max_buckets:
+                self._coarsen()
+                return self.bucket(at)
+        return found
+
+    def _coarsen(self) -> None:
+        merged: dict[int, Traffic] = {}
+        for index, traffic in self.buckets.items():
+            merged.setdefault(index // 2, Traffic()).add(traffic)
+        self.width *= 2
+        self.buckets = merged
+
+
+@dataclass
+class RunTraffic:
+    """What the rollup knows about one run's traffic."""
+
+    series: TimeBuckets
+    batch_sizes: dict[int, int]
+    """real token count -> batches."""
+
+
+class Rollup:
+    """Traffic over time (replay and eager windows) and batch-size counts, per run.
+
+    Thread-safe: the daemon's request threads share one instance; ``refresh`` folds under a lock
+    and readers receive copies.
+    """
+
+    def __init__(self, engine: Engine, *, max_buckets: int = 1024) -> None:
+        self.engine = engine
+        self.max_buckets = max_buckets
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._last_ids = {"replay": 0, "eager": 0, "sizes": 0}
+        self._runs: dict[int, RunTraffic] = {}
+        self._known_run_ids: set[int] = set()
+
+    def _run(self, run_id: int) -> RunTraffic:
+        found = self._runs.get(run_id)
+        if found is None:
+            found = self._runs[run_id] = RunTraffic(TimeBuckets(self.max_buckets), defaultdict(int))
+        return found
+
+    def refresh(self) -> None:
+        """Fold in every row appended since the last refresh (rebuilding if rows went away)."""
+        with self._lock, self.engine.connect() as conn:
+            run_ids = set(conn.scalars(select(Run.id)))
+            maxima = {
+                "replay": conn.scalar(select(func.max(ReplayWindow.id))) or 0,
+                "eager": conn.scalar(select(func.max(EagerFallback.id))) or 0,
+                "sizes": conn.scalar(select(func.max(BatchSizeCount.id))) or 0,
+            }
+            vanished = self._known_run_ids - run_ids
+            if vanished or any(maxima[name] < last for name, last in self._last_ids.items()):
+                self._reset()
+            self._known_run_ids = run_ids
+            if maxima["replay"] > self._last_ids["replay"] or maxima["eager"] > self._last_ids["eager"]:
+                grain = self._grain(conn)
+                self._fold_replays(conn, maxima["replay"], grain)
+                self._fold_eager(conn, maxima["eager"], grain)
+            self._fold_batch_sizes(conn, maxima["sizes"])
+            self._last_ids = maxima
+
+    def _grain(self, conn: Connection) -> float:
+        """The time-bucket width to group new rows by: one second for a trickle of new rows, coarser
+        (a power of two) when the rows to fold span more time than ``max_buckets`` seconds."""
+        if self._last_ids["replay"] or self._last_ids["eager"]:
+            return 1.0
+        first = conn.scalar(select(func.min(ReplayWindow.window_start)))
+        last = conn.scalar(select(func.max(ReplayWindow.window_start)))
+        grain = 1.0
+        if first is not None and last is not None:
+            while (last - first) / grain > self.max_buckets:
+                grain *= 2
+        return grain
+
+    def _fold_replays(self, conn: Connection, upto: int, grain: float) -> None:
+        w = ReplayWindow
+        bucket = _bucket(conn, w.window_start, grain)
+        for run_id, index, replays, real, padded in conn.execute(
+            select(w.run_id, bucket, func.sum(w.replays), func.sum(w.real_tokens), func.sum(w.padded_tokens))
+            .where(w.id > self._last_ids["replay"], w.id <= upto)
+            .group_by(w.run_id, bucket)
+        ):
+            self._run(run_id).series.bucket(index * grain).add(Traffic(replays, real, padded))
+
+    def _fold_eager(self, conn: Connection, upto: int, grain: float) -> None:
+        e = EagerFallback
+        bucket = _bucket(conn, e.window_start, grain)
+        for run_id, index, batches in conn.execute(
+            select(e.run_id, bucket, func.sum(e.batches))
+            .where(e.id > self._last_ids["eager"], e.id <= upto)
+            .group_by(e.run_id, bucket)
+        ):
+            self._run(run_id).series.bucket(index * grain).eager_batches += batches
+
+    def _fold_batch_sizes(self, conn: Connection, upto: int) -> None:
+        b = BatchSizeCount
+        for run_id, size, batches in conn.execute(
+            select(b.run_id, b.num_tokens, func.sum(b.batches))
+            .where(b.id > self._last_ids["sizes"], b.id <= upto)
+            .group_by(b.run_id, b.num_tokens)
+        ):
+            self._run(run_id).batch_sizes[size] += batches
+
+    # Readers: each returns fresh objects, safe to use after the lock is released.
+
+    def _selected(self, run_ids: Iterable[int] | None) -> list[RunTraffic]:
+        if run_ids is None:
+            return list(self._runs.values())
+        return [self._runs[r] for r in run_ids if r in self._runs]
+
+    def batch_sizes(self, run_ids: Iterable[int] | None = None) -> dict[int, int]:
+        with self._lock:
+            merged: dict[int, int] = defaultdict(int)
+            for run in self._selected(run_ids):
+                for size, batches in run.batch_sizes.items():
+                    merged[size] += batches
+            return dict(sorted(merged.items()))
+
+    def series(self, run_ids: Iterable[int] | None = None, points: int = 120) -> list[tuple[float, Traffic]]:
+        """Traffic over time as at most about ``points`` (bucket start, traffic) pairs, oldest first."""
+        with self._lock:
+            runs = [r for r in self._selected(run_ids) if r.series.buckets]
+            if not runs:
+                return []
+            starts = [i * r.series.width for r in runs for i in r.series.buckets]
+            first, last = min(starts), max(starts)
+            width = max(max(r.series.width for r in runs), (last - first) / points or 1.0)
+            merged: dict[int, Traffic] = defaultdict(Traffic)
+            for run in runs:
+                for index, traffic in run.series.buckets.items():
+                    merged[int((index * run.series.width - first) // width)].add(traffic)
+            return [(first + i * width, merged[i]) for i in sorted(merged)]
+
+
+def _bucket(conn: Connection, column: ColumnElement[float], grain: float) -> ColumnElement[int]:
+    """The time-bucket index of a row: floor(time / grain). SQLite's CAST truncates, which is the
+    floor for positive times (its floor() is an optional build); PostgreSQL's CAST rounds."""
+    scaled = column / grain
+    if conn.dialect.name != "sqlite":
+        scaled = func.floor(scaled)
+    return cast(scaled, BigInteger).label("bucket")
