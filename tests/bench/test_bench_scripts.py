@@ -1,0 +1,126 @@
+"""Each GPU benchmark's ``--quick`` form, run as a real process: it exercises every code path.
+
+On this CPU host the eager backend stands in and the CUDA-only parts say they were skipped; on a
+GPU host the same tests run the CUDA paths (bare graphs, the compile peer, pool memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ON_CUDA = torch.cuda.is_available()
+
+pytestmark = pytest.mark.slow
+
+
+def run_quick(name: str, tmp_path: Path) -> tuple[dict, str]:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [sys.executable, f"bench/{name}.py", "--quick", "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr}"
+    payload = json.loads(out.read_text())
+    assert payload["benchmark"] == name
+    assert payload["command"].startswith(f"python3 bench/{name}.py --quick")
+    assert payload["config"]["quick"] is True
+    # The table of targets comes last, as every benchmark promises.
+    assert proc.stdout.rstrip().splitlines()[-1].strip(), proc.stdout
+    assert "\nTargets\n" in proc.stdout
+    return payload, proc.stdout
+
+
+def test_decode_quick_times_every_variant_at_every_size(tmp_path: Path) -> None:
+    payload, stdout = run_quick("gpu_decode", tmp_path)
+    (result,) = payload["results"]
+    assert result["model"] == "tiny"
+    assert [s["batch"] for s in result["sizes"]] == [1, 2, 4]
+    expected = {"eager", "runner", "+check", "+debug"} | ({"bare", "compile"} if ON_CUDA else set())
+    for size in result["sizes"]:
+        assert set(size["variants"]) == expected
+        assert all(v["median_ms"] > 0 for v in size["variants"].values())
+        assert size["baseline"] == ("bare" if ON_CUDA else "eager")
+        assert size["ratio_to_baseline"][size["baseline"]] == 1.0
+    if ON_CUDA:
+        assert {"graphs_captured", "cudagraph_skips", "skip_reasons"} <= set(result["compile"])
+    else:
+        assert any("torch.compile" in n and "CUDA" in n for n in payload["notes"])
+        assert all(t["met"] is None for t in payload["targets"])
+    assert "Decode step, tiny" in stdout
+
+
+def test_overhead_quick_compares_wrapper_variants_to_bare(tmp_path: Path) -> None:
+    payload, _ = run_quick("gpu_overhead", tmp_path)
+    rows = {r["variant"]: r for r in payload["results"]}
+    assert set(rows) == {
+        "bare replay()",
+        "wrapper, check off",
+        "wrapper, always-on check",
+        "wrapper, always-on + recorder",
+        "wrapper + forward context per call",
+    }
+    assert rows["bare replay()"]["added_us"] == 0.0
+    assert all(r["median_us"] > 0 for r in rows.values())
+    assert payload["config"]["backend"] == ("cuda" if ON_CUDA else "eager")
+    (goal,) = payload["targets"]
+    assert goal["value"] == rows["wrapper, always-on check"]["added_us"]
+
+
+def test_capture_quick_reports_times_and_pool_memory_where_it_can(tmp_path: Path) -> None:
+    payload, _ = run_quick("gpu_capture", tmp_path)
+    (result,) = payload["results"]
+    assert result["core_capture_s_median"] > 0
+    assert len(result["core_capture_s"]) == result["rounds"] >= 1
+    if ON_CUDA:
+        memory = result["memory"]["core"]
+        assert memory["shared_pool_bytes"] > 0
+        assert memory["pool_per_graph_bytes"] >= memory["largest_graph_alone_bytes"] > 0
+        assert result["time_ratio"] > 0
+    else:
+        assert "memory" not in result
+        assert any("pool-memory" in n for n in payload["notes"])
+
+
+def test_run_gpu_continues_past_failures_and_summarises(tmp_path: Path) -> None:
+    env = {**os.environ, "BENCH_ONLY": "gpu_overhead gpu_capture", "BENCH_EXTRA": "--no-such-option"}
+    proc = subprocess.run(
+        ["bash", "bench/run_gpu.sh", str(tmp_path / "out")],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = proc.stdout[proc.stdout.index("GPU benchmarks:") :]
+    assert "gpu_overhead   FAILED (exit 2)" in summary
+    assert "gpu_capture    FAILED (exit 2)" in summary
+    assert "gpu_decode" not in summary
+    assert (tmp_path / "out" / "machine.txt").read_text().startswith("date_utc:")
+    assert "unrecognized arguments: --no-such-option" in (tmp_path / "out" / "gpu_overhead.log").read_text()
+
+
+def test_run_gpu_passes_when_every_selected_benchmark_succeeds(tmp_path: Path) -> None:
+    env = {**os.environ, "BENCH_ONLY": "gpu_overhead", "BENCH_EXTRA": "--quick"}
+    proc = subprocess.run(
+        ["bash", "bench/run_gpu.sh", str(tmp_path / "out")],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gpu_overhead   ok" in proc.stdout
+    assert json.loads((tmp_path / "out" / "gpu_overhead.json").read_text())["benchmark"] == "gpu_overhead"
