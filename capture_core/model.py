@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -146,6 +146,9 @@ class AttentionMetadata:
     query_start_loc: tuple[int, ...]
     seq_lens: tuple[int, ...]
     slot_ids: tuple[int, ...]
+    _device_cache: dict[torch.device, DecodeTensors | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         num_reqs = len(self.seq_lens)
@@ -197,6 +200,44 @@ class AttentionMetadata:
     def is_uniform_decode(self) -> bool:
         """Every request decodes exactly one token (the batches FULL decode graphs serve)."""
         return all(q == 1 for q in self.query_lens)
+
+    @property
+    def prefill_requests(self) -> tuple[int, ...]:
+        """Requests with more than one query token (prompt chunks), attended one by one."""
+        return tuple(r for r, q in enumerate(self.query_lens) if q > 1)
+
+    def decode_tensors(self, device: torch.device) -> DecodeTensors | None:
+        """The decode requests' token rows, slots and lengths on ``device`` (None when none).
+
+        Built once per step and device, then shared by every layer's attention call.
+        """
+        if device not in self._device_cache:
+            decodes = [r for r, q in enumerate(self.query_lens) if q == 1]
+            self._device_cache[device] = (
+                DecodeTensors(
+                    rows=_long_tensor([self.query_start_loc[r] for r in decodes], device),
+                    slots=_long_tensor([self.slot_ids[r] for r in decodes], device),
+                    seq_lens=_long_tensor([self.seq_lens[r] for r in decodes], device),
+                    max_seq_len=max(self.seq_lens[r] for r in decodes),
+                )
+                if decodes
+                else None
+            )
+        return self._device_cache[device]
+
+
+@dataclass(frozen=True)
+class DecodeTensors:
+    """The one-token requests of a step, as index tensors for one batched attention call."""
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+    seq_lens: torch.Tensor
+    max_seq_len: int
+
+
+def _long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -353,30 +394,68 @@ class Attention(nn.Module):
         out: torch.Tensor,
         meta: AttentionMetadata,
     ) -> None:
-        """Each request over its own context only: shapes vary per batch, so eager only."""
-        group = self.num_heads // self.num_kv_heads
+        """Each request over its own context only: shapes vary per batch, so eager only.
+
+        Decode requests (one query each) are attended together, over keys up to the longest of
+        their contexts; prefill chunks one request at a time. (vLLM's attention backends split a
+        mixed batch the same way.)
+        """
+        decodes = meta.decode_tensors(q.device)
+        if decodes is not None:
+            self._decodes(q, k_cache, v_cache, out, decodes)
         starts = meta.query_start_loc
-        for r in range(meta.num_reqs):
-            start, stop, seq_len = starts[r], starts[r + 1], meta.seq_lens[r]
-            query_len = stop - start
-            slot = meta.slot_ids[r]
-            keys = k_cache[slot, :, :seq_len]  # [kv_heads, S, d]
-            values = v_cache[slot, :, :seq_len]
-            # [kv_heads, g * query_len, d]: each KV head's query group as one matrix.
-            query = q[start:stop].view(query_len, self.num_kv_heads, group, self.head_dim)
-            query = query.permute(1, 2, 0, 3).reshape(self.num_kv_heads, group * query_len, self.head_dim)
-            scores = torch.matmul(query, keys.transpose(-1, -2)).float() * self.scale
-            # Query i sits at position seq_len - query_len + i and sees keys up to it.
-            visible = torch.ones(query_len, seq_len, dtype=torch.bool, device=q.device).tril(
-                seq_len - query_len
-            )
-            scores = scores.masked_fill(~visible.repeat(group, 1), float("-inf"))
-            probs = torch.softmax(scores, dim=-1).to(values.dtype)
-            result = torch.matmul(probs, values).view(self.num_kv_heads, group, query_len, self.head_dim)
-            result = result.permute(2, 0, 1, 3).reshape(query_len, self.num_heads * self.head_dim)
-            out[start:stop].copy_(result)
+        for r in meta.prefill_requests:
+            start, stop = starts[r], starts[r + 1]
+            self._prefill(q, k_cache, v_cache, out, start, stop, meta.seq_lens[r], meta.slot_ids[r])
         # Padding tokens belong to no request: give them zeros rather than stale memory.
         out[meta.num_actual_tokens :].zero_()
+
+    def _decodes(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+        decodes: DecodeTensors,
+    ) -> None:
+        num = decodes.rows.shape[0]
+        group = self.num_heads // self.num_kv_heads
+        keys = k_cache[decodes.slots, :, : decodes.max_seq_len]  # [D, kv_heads, S, d]
+        values = v_cache[decodes.slots, :, : decodes.max_seq_len]
+        query = q[decodes.rows].view(num, self.num_kv_heads, group, self.head_dim)
+        scores = torch.matmul(query, keys.transpose(-1, -2)).float() * self.scale  # [D, kv_heads, g, S]
+        key_pos = torch.arange(decodes.max_seq_len, device=q.device)
+        beyond = key_pos.unsqueeze(0) >= decodes.seq_lens.unsqueeze(1)  # [D, S]
+        scores = scores.masked_fill(beyond[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
+        result = torch.matmul(probs, values)  # [D, kv_heads, g, d]
+        out[decodes.rows] = result.reshape(num, self.num_heads * self.head_dim)
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+        start: int,
+        stop: int,
+        seq_len: int,
+        slot: int,
+    ) -> None:
+        query_len = stop - start
+        group = self.num_heads // self.num_kv_heads
+        keys = k_cache[slot, :, :seq_len]  # [kv_heads, S, d]
+        values = v_cache[slot, :, :seq_len]
+        # [kv_heads, g * query_len, d]: each KV head's query group as one matrix.
+        query = q[start:stop].view(query_len, self.num_kv_heads, group, self.head_dim)
+        query = query.permute(1, 2, 0, 3).reshape(self.num_kv_heads, group * query_len, self.head_dim)
+        scores = torch.matmul(query, keys.transpose(-1, -2)).float() * self.scale
+        # Query i sits at position seq_len - query_len + i and sees keys up to it.
+        visible = torch.ones(query_len, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - query_len)
+        scores = scores.masked_fill(~visible.repeat(group, 1), float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
+        result = torch.matmul(probs, values).view(self.num_kv_heads, group, query_len, self.head_dim)
+        out[start:stop].copy_(result.permute(2, 0, 1, 3).reshape(query_len, self.num_heads * self.head_dim))
 
 
 class DecoderLayer(nn.Module):

@@ -89,6 +89,12 @@ def test_metadata_describes_offsets_lengths_and_uniform_decode() -> None:
     assert meta.query_lens == (1, 3, 1)
     assert not meta.is_uniform_decode
     assert AttentionMetadata.build([1, 1], [3, 4], [0, 1]).is_uniform_decode
+    assert meta.prefill_requests == (1,)
+    decodes = meta.decode_tensors(torch.device("cpu"))
+    assert decodes.rows.tolist() == [0, 4] and decodes.slots.tolist() == [2, 5]
+    assert decodes.seq_lens.tolist() == [5, 10] and decodes.max_seq_len == 10
+    assert meta.decode_tensors(torch.device("cpu")) is decodes  # built once per step and device
+    assert AttentionMetadata.build([2, 3], [0, 0], [0, 1]).decode_tensors(torch.device("cpu")) is None
 
 
 @pytest.mark.parametrize(
