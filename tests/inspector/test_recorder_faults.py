@@ -1,0 +1,249 @@
+"""The recorder when the database misbehaves: it never raises into the engine, and loses nothing it
+could keep. Real locks, real permissions, real deleted files, real processes and a real SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import workers
+from sqlalchemy import create_engine, func, select
+from workers import FULL, capture, drift
+
+from capture_core.descriptor import BatchDescriptor
+from inspector.models import Graph, ReplayTotal, ReplayWindow, Run, Violation
+from inspector.recorder import Recorder
+from inspector.store import open_store
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def _query(url: str, statement) -> list:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(statement).all())
+    finally:
+        engine.dispose()
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_locked_database_is_waited_out_without_loss(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    url = f"sqlite:///{path}"
+    descriptor = BatchDescriptor(4, 4, True)
+    recorder = Recorder(url, flush_interval=0.05).start()
+    locker = sqlite3.connect(path, timeout=0, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        recorder.on_capture(capture(descriptor))
+        recorder.on_violation(drift(descriptor, actual=0x9000))
+        for _ in range(1000):
+            recorder.on_replay(FULL, descriptor, 3)
+        assert recorder.flush(timeout=0.5) is False, "nothing can commit while another process holds the lock"
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert recorder.flush(timeout=20)
+    recorder.close()
+    assert recorder.dropped == 0
+    assert _query(url, select(func.sum(ReplayWindow.replays)))[0][0] == 1000
+    assert _query(url, select(Violation.actual_address))[0][0] == 0x9000
+    assert _query(url, select(func.count()).select_from(Graph))[0][0] == 1
+
+
+def test_events_beyond_the_pending_bound_are_counted_and_reported_once_writable(tmp_path: Path) -> None:
+    path = tmp_path / "overflow.db"
+    url = f"sqlite:///{path}"
+    descriptor = BatchDescriptor(4, 4, True)
+    recorder = Recorder(url, flush_interval=0.05, max_pending=2).start()
+    locker = sqlite3.connect(path, timeout=0, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        for i in range(5):
+            recorder.on_violation(drift(descriptor, actual=0x1000 * (i + 1)))
+            time.sleep(0.05)  # let the flush thread drain the queue into its (bounded) pending set
+        deadline = time.monotonic() + 10
+        while recorder.dropped < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert recorder.flush(timeout=20)
+    recorder.close()
+    assert recorder.dropped == 3
+    assert _query(url, select(func.count()).select_from(Violation))[0][0] == 2
+    assert _query(url, select(Run.dropped_events))[0][0] == 3
+
+
+UNWRITABLE_CHILD = """
+import json, logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+from workers import FULL, capture, drift
+from capture_core.descriptor import BatchDescriptor
+from inspector.recorder import Recorder
+d = BatchDescriptor(4, 4, True)
+recorder = Recorder(sys.argv[1], flush_interval=0.05, close_timeout=1.0).start()
+recorder.on_capture(capture(d))
+recorder.on_violation(drift(d, actual=0x7000))
+for _ in range(100):
+    recorder.on_replay(FULL, d, 3)
+recorder.close()
+print(json.dumps({"dropped": recorder.dropped, "error": recorder.last_error}))
+"""
+
+
+def _without_root_powers(argv: list[str]) -> list[str]:
+    """Root ignores file permissions; drop the capabilities that let it (as CI runs as root)."""
+    if os.geteuid() != 0:
+        return argv
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: file permissions cannot be enforced")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}", "--", *argv]
+
+
+def test_unwritable_database_never_raises_and_counts_what_it_dropped(tmp_path: Path) -> None:
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    path = folder / "ro.db"
+    open_store(f"sqlite:///{path}").dispose()
+    for leftover in folder.glob("ro.db-*"):
+        leftover.unlink()
+    path.chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        result = subprocess.run(
+            _without_root_powers([sys.executable, "-c", UNWRITABLE_CHILD, f"sqlite:///{path}"]),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_child_env(),
+            cwd=REPO,
+        )
+    finally:
+        folder.chmod(0o755)
+        path.chmod(0o644)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    # The capture, the violation, one replay window and one batch-size row.
+    assert report["dropped"] == 4, result.stderr
+    assert "cannot write" in result.stderr and "dropped" in result.stderr
+    assert _query(f"sqlite:///{path}", select(func.count()).select_from(Violation))[0][0] == 0
+
+
+def test_vanished_database_file_is_recreated_and_recording_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "vanishing.db"
+    url = f"sqlite:///{path}"
+    descriptor = BatchDescriptor(8, 8, True)
+    recorder = Recorder(url, flush_interval=0.05).start()
+    recorder.on_capture(capture(descriptor))
+    assert recorder.flush(timeout=10)
+    for leftover in tmp_path.glob("vanishing.db*"):
+        leftover.unlink()
+    for _ in range(10):
+        recorder.on_replay(FULL, descriptor, 8)
+    recorder.on_violation(drift(descriptor, actual=0x4000))
+    assert recorder.flush(timeout=20)
+    recorder.close()
+    assert "vanished" in caplog.text
+    assert path.exists()
+    assert _query(url, select(func.count()).select_from(Graph))[0][0] == 1, "known graphs are re-recorded"
+    assert _query(url, select(ReplayWindow.replays, ReplayWindow.graph_id.is_not(None)))[0] == (10, True)
+    assert _query(url, select(func.count()).select_from(Violation))[0][0] == 1
+    assert recorder.dropped == 0
+
+
+def test_vanished_directory_drops_with_a_count_and_never_raises(tmp_path: Path) -> None:
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    recorder = Recorder(f"sqlite:///{folder / 'x.db'}", flush_interval=0.05, close_timeout=0.5).start()
+    assert recorder.flush(timeout=10)
+    shutil.rmtree(folder)
+    descriptor = BatchDescriptor(2, 2, True)
+    recorder.on_violation(drift(descriptor, actual=0x3000))
+    for _ in range(5):
+        recorder.on_replay(FULL, descriptor, 1)
+    assert recorder.flush(timeout=0.5) is False
+    recorder.close()
+    assert recorder.dropped == 3  # the violation, the replay window, the batch-size row
+    assert "does not exist" in (recorder.last_error or "")
+
+
+def test_four_processes_recording_into_one_database_lose_nothing(db_url: str) -> None:
+    context = multiprocessing.get_context("spawn")
+    replays_per_size, violations = 400, 25
+    with context.Pool(4) as pool:
+        results = pool.starmap(
+            workers.record_traffic, [(db_url, rank, replays_per_size, violations) for rank in range(4)]
+        )
+    assert [r["dropped"] for r in results] == [0, 0, 0, 0]
+    runs = _query(db_url, select(Run.id, Run.rank, Run.ended_at).order_by(Run.rank))
+    assert [r.rank for r in runs] == [0, 1, 2, 3] and all(r.ended_at for r in runs)
+    for run in runs:
+        replays = _query(db_url, select(func.sum(ReplayWindow.replays)).where(ReplayWindow.run_id == run.id))
+        totals = _query(db_url, select(func.sum(ReplayTotal.replays)).where(ReplayTotal.run_id == run.id))
+        found = _query(
+            db_url, select(func.count(), func.sum(Violation.count)).where(Violation.run_id == run.id)
+        )
+        graphs = _query(db_url, select(func.count()).select_from(Graph).where(Graph.run_id == run.id))
+        assert replays[0][0] == totals[0][0] == replays_per_size * len(workers.SIZES)
+        assert tuple(found[0]) == (violations, violations)
+        assert graphs[0][0] == len(workers.SIZES)
+
+
+def test_sigkill_keeps_everything_flushed_before_it(db_url: str, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    child = subprocess.Popen(
+        [sys.executable, str(HERE / "workers.py"), db_url, str(ledger)],
+        env=_child_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and child.poll() is None:
+            if ledger.exists() and len(ledger.read_text().splitlines()) >= 5:
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, child.stderr.read().decode()
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL
+    committed = json.loads(ledger.read_text().splitlines()[-1])
+    store = open_store(db_url)  # the database still opens (and is still at head) after the kill
+    store.dispose()
+    violations = _query(db_url, select(func.count(), func.sum(Violation.count)))[0]
+    replays = _query(db_url, select(func.sum(ReplayWindow.replays)))[0][0]
+    totals = _query(db_url, select(func.sum(ReplayTotal.replays)))[0][0]
+    assert violations[0] >= committed["violations"] and violations[0] == violations[1]
+    assert replays >= committed["replays"]
+    assert replays == totals, "windows and running totals are written in one transaction"
+    assert _query(db_url, select(Run.ended_at))[0][0] is None, "a killed run never ended"
+    if db_url.startswith("sqlite"):
+        integrity = _query(db_url, select(func.count()).select_from(Run))
+        assert integrity[0][0] == 1
