@@ -20,6 +20,8 @@ from capture_core.sizes import EagerReason
 class ViolationKind(str, enum.Enum):
     ADDRESS_DRIFT = "address_drift"
     UNEXPECTED_CAPTURE = "unexpected_capture"
+    RERECORD_STORM = "rerecord_storm"
+    """One call site capturing again and again once its graphs are in use (graph-inspector watch)."""
 
 
 @dataclass(frozen=True)

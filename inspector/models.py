@@ -220,3 +220,26 @@ class EagerTotal(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("run_id", "reason", "mode"),)
+
+
+class CompileRecord(Base):
+    """torch.compile's cudagraph trees skipping or re-recording graphs, with the compiler's reason.
+
+    Written by ``graph-inspector watch``. Repeats of the same kind, function and reason in one run
+    bump ``count`` and ``last_seen_at``.
+    """
+
+    __tablename__ = "compile_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    """``compile_skip`` or ``compile_rerecord``."""
+    function: Mapped[str] = mapped_column(String(200), default="")
+    reason: Mapped[str] = mapped_column(Text)
+    message: Mapped[str] = mapped_column(Text)
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    first_seen_at: Mapped[float] = mapped_column(Float)
+    last_seen_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index(None, "run_id", "kind"), Index(None, "first_seen_at"))

@@ -13,6 +13,7 @@ from capture_core.events import CaptureEvent, ViolationEvent, ViolationKind
 from capture_core.modes import CUDAGraphMode
 from inspector import watch
 from inspector.watch.compile_log import SKIP_LOGGER, TREES_LOGGER
+from inspector.watch.hooks import Hooks
 from inspector.watch.identity import KEY_LIMIT, WatchedDescriptor
 from inspector.watch.watcher import CompileEvent, CompileEventKind, Watcher
 
@@ -205,38 +206,31 @@ def test_a_site_that_keeps_capturing_once_in_use_is_a_rerecord_storm(collector: 
 
 
 def test_pool_memory_is_what_the_capture_added_to_its_pool(collector: Collector) -> None:
+    """The allocator's reserved bytes per pool: 1000 before a second graph joins the pool, 1300 after."""
     reserved: dict[tuple[int, int], int] = {}
-    added = iter([1000, 300])
+    growth = iter([1000, 300])
+    capturing: list[torch.cuda.CUDAGraph] = []
 
-    def meter(pool: tuple[int, int]) -> int:
-        return reserved.get(pool, 0)
+    def allocate_during_capture(module: torch.nn.Module, args: object) -> None:
+        pool = capturing[-1].pool()
+        reserved[pool] = reserved.get(pool, 0) + next(growth)
 
-    def grow_pool(module: torch.nn.Module, args: object) -> None:
-        pool = torch.cuda.CUDAGraph.__dict__  # noqa: F841 - keeps the hook signature honest
-        reserved[current_pool[0]] = reserved.get(current_pool[0], 0) + next(added)
-
-    watcher = Watcher(collector, pool_meter=meter)
-    from inspector.watch.hooks import Hooks
-
+    watcher = Watcher(collector, pool_meter=lambda pool: reserved.get(pool, 0))
     hooks = Hooks(watcher)
     hooks.install()
-    handle = MODEL.register_forward_pre_hook(grow_pool)
+    handle = MODEL.register_forward_pre_hook(allocate_during_capture)
     try:
-        current_pool: list[tuple[int, int]] = []
-        graph = torch.cuda.CUDAGraph()
-        graph.capture_begin()
-        current_pool.append(graph.pool())
-        MODEL(torch.zeros(8, 4))
-        graph.capture_end()
-        second = torch.cuda.CUDAGraph()
-        second.capture_begin(pool=graph.pool())
-        MODEL(torch.zeros(4, 4))
-        second.capture_end()
+        first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        for graph, pool, rows in ((first, None, 8), (second, "shared", 4)):
+            capturing.append(graph)
+            graph.capture_begin(pool=first.pool() if pool else None)
+            MODEL(torch.zeros(rows, 4))
+            graph.capture_end()
     finally:
         handle.remove()
         hooks.uninstall()
     assert [c.pool_bytes for c in collector.captures] == [1000, 300]
-    assert watcher.graphs[0].pool == watcher.graphs[1].pool == graph.pool()
+    assert watcher.graphs[0].pool == watcher.graphs[1].pool == first.pool()
 
 
 def test_a_failing_recorder_never_breaks_the_engine(collector: Collector) -> None:
@@ -281,7 +275,7 @@ def test_a_second_capture_begin_keeps_the_capture_in_progress(collector: Collect
 
 
 class Keep(logging.Handler):
-    """A handler on ``torch._inductor``, where torch's own console handler sits: what users see."""
+    """A handler beside torch's own console handlers: what users see."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -293,11 +287,14 @@ class Keep(logging.Handler):
 
 @pytest.fixture
 def console() -> Iterator[Keep]:
+    """Where torch's console handlers sit for the two loggers (both stop propagating there)."""
     handler = Keep()
-    parent = logging.getLogger("torch._inductor")
-    parent.addHandler(handler)
+    owners = [logging.getLogger("torch._inductor"), logging.getLogger("torch._inductor.cudagraph_trees")]
+    for owner in owners:
+        owner.addHandler(handler)
     yield handler
-    parent.removeHandler(handler)
+    for owner in owners:
+        owner.removeHandler(handler)
 
 
 def test_a_skip_log_line_becomes_a_compile_event_and_still_reaches_the_user(

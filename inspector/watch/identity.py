@@ -1,0 +1,275 @@
+"""Who captured a graph, and with what: the identity of a graph seen from outside the engine.
+
+An engine that calls ``torch.cuda.CUDAGraph`` directly tells us nothing about its graphs, so the
+identity is read off the capture itself: the *call site* (the first frame of the capturing code,
+past ``torch.cuda.graph``'s own ``__enter__`` and context-manager plumbing) plus the *shapes* of the
+tensors that code was called with. The same code capturing the same shapes always gets the same
+identity, run after run, which is what makes "captured again" and "never replayed" meaningful.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import linecache
+import os
+import sys
+import types
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from capture_core.descriptor import BatchDescriptor
+
+KEY_LIMIT = 128
+"""``graphs.descriptor_key`` is a String(128)."""
+WRAPPER_LIMIT = 200
+"""``graphs.wrapper`` is a String(200)."""
+MAX_INPUTS = 256
+"""Inputs remembered per graph (names and addresses); torch.compile passes every parameter."""
+SHAPES_SHOWN = 6
+"""Shapes spelled out in a key; the digest covers all of them."""
+
+_WATCH_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_CONTEXTLIB = os.path.abspath(sys.modules["contextlib"].__file__ or "contextlib.py")
+_GRAPHS_PY = os.path.abspath(sys.modules["torch.cuda.graphs"].__file__ or "graphs.py")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedDescriptor(BatchDescriptor):
+    """A graph key for a graph the engine captured itself: a BatchDescriptor plus its identity.
+
+    Two watched graphs of the same leading size are different graphs when their call sites or
+    shapes differ; carrying the identity in the key keeps them apart in every counter and table
+    that is keyed by descriptor, and ``key`` (the stored ``descriptor_key``) is the identity.
+    """
+
+    identity: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.identity
+
+
+@dataclass(frozen=True, slots=True)
+class CallSite:
+    """Where a capture was started from, in the engine's code."""
+
+    filename: str
+    lineno: int
+    function: str
+    via: str = ""
+    """The torch machinery in between, when torch itself captured (torch.compile, graphed callables)."""
+
+    @property
+    def short(self) -> str:
+        return f"{os.path.basename(self.filename)}:{self.lineno}"
+
+    @property
+    def text(self) -> str:
+        text = f"{_display_path(self.filename)}:{self.lineno} in {self.function}"
+        if self.via:
+            text += f" via {self.via}"
+        return _clip(text, WRAPPER_LIMIT)
+
+    @property
+    def stable(self) -> str:
+        """The parts of the site that survive a reinstall or another checkout path."""
+        return f"{os.path.basename(self.filename)}:{self.lineno}:{self.function}:{self.via}"
+
+    @property
+    def key(self) -> str:
+        """A short key for the call site alone (re-recording storms are counted per site)."""
+        return f"{self.short} site #{_digest(self.stable)}"
+
+
+@dataclass(frozen=True, slots=True)
+class GraphIdentity:
+    """A call site, the shapes it was called with, and a label for torch's own multi-graph captures."""
+
+    site: CallSite
+    shapes: tuple[tuple[int, ...], ...]
+    label: str = ""
+
+    @property
+    def shapes_text(self) -> str:
+        if not self.shapes:
+            return "[inputs unseen]"
+        shown = ", ".join(_shape_text(s) for s in self.shapes[:SHAPES_SHOWN])
+        more = len(self.shapes) - SHAPES_SHOWN
+        return f"[{shown}{f', +{more} more' if more > 0 else ''}]"
+
+    @property
+    def key(self) -> str:
+        """Stable, unique and at most 128 characters: readable head, digest of everything."""
+        digest = _digest(f"{self.site.stable}|{self.shapes}|{self.label}")
+        head = f"{self.site.short} {self.shapes_text}"
+        if self.label:
+            head += f" {self.label}"
+        tail = f" #{digest}"
+        return _clip(head, KEY_LIMIT - len(tail)) + tail
+
+    @property
+    def num_tokens(self) -> int:
+        """The leading dimension of the first input, where inputs were seen (else 1)."""
+        for shape in self.shapes:
+            if shape:
+                return max(int(shape[0]), 1)
+        return 1
+
+    def descriptor(self) -> WatchedDescriptor:
+        return WatchedDescriptor(num_tokens=self.num_tokens, identity=self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedInputs:
+    """The tensors the capturing code was called with: names, shapes and baked-in addresses."""
+
+    names: tuple[str, ...] = ()
+    shapes: tuple[tuple[int, ...], ...] = ()
+    addresses: tuple[int, ...] = ()
+
+    @classmethod
+    def from_named(cls, named: Iterable[tuple[str, torch.Tensor]]) -> CapturedInputs:
+        names, shapes, addresses = [], [], []
+        for name, tensor in named:
+            if len(names) >= MAX_INPUTS:
+                break
+            names.append(name)
+            shapes.append(tuple(int(d) for d in tensor.shape))
+            addresses.append(_address(tensor))
+        return cls(tuple(names), tuple(shapes), tuple(addresses))
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+
+def capture_frames(start: types.FrameType | None) -> list[types.FrameType]:
+    """The frames of the capturing code, innermost first, without watch/contextlib/graph plumbing."""
+    frames = []
+    frame = start
+    while frame is not None:
+        if not _is_plumbing(frame):
+            frames.append(frame)
+        frame = frame.f_back
+    return frames
+
+
+def find_call_site(frames: list[types.FrameType]) -> CallSite:
+    """The first frame outside torch; the torch frame that captured, when torch did it for the caller."""
+    if not frames:
+        return CallSite("<unknown>", 0, "<unknown>")
+    capturer = frames[0]
+    for frame in frames:
+        if not _in_torch(frame):
+            via = "" if frame is capturer else _torch_function_name(capturer)
+            return CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, via)
+    return CallSite(capturer.f_code.co_filename, capturer.f_lineno, capturer.f_code.co_name)
+
+
+def find_inputs(frames: list[types.FrameType]) -> CapturedInputs:
+    """Tensor arguments of the nearest capturing frame that has any, up to the engine's own frame.
+
+    torch.compile's recorder is called with the graph's inputs; vLLM-style wrappers with the model's
+    inputs; a plain loop at module level with none (the module pre-hook in ``hooks`` covers that).
+    """
+    for frame in frames:
+        named = list(_tensor_arguments(frame))
+        if named:
+            return CapturedInputs.from_named(named)
+        if not _in_torch(frame):
+            break
+    return CapturedInputs()
+
+
+def named_tensors(prefix: str, value: object) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors in ``value``, one container level deep (lists, tuples, dicts of tensors)."""
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value[:MAX_INPUTS]):
+            if isinstance(item, torch.Tensor):
+                yield f"{prefix}[{index}]", item
+    elif isinstance(value, dict):
+        for key, item in list(value.items())[:MAX_INPUTS]:
+            if isinstance(item, torch.Tensor):
+                yield f"{prefix}[{key!r}]", item
+
+
+def format_stack(frames: list[types.FrameType], limit: int = 40) -> str:
+    """A traceback-style stack of the capture, outermost call first."""
+    lines = []
+    for frame in reversed(frames[:limit]):
+        code = frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n')
+        source = linecache.getline(code.co_filename, frame.f_lineno, frame.f_globals).strip()
+        if source:
+            lines.append(f"    {source}\n")
+    return "".join(lines)
+
+
+def _tensor_arguments(frame: types.FrameType) -> Iterator[tuple[str, torch.Tensor]]:
+    code = frame.f_code
+    count = code.co_argcount + code.co_kwonlyargcount
+    varargs = bool(code.co_flags & 0x04)  # CO_VARARGS
+    varkw = bool(code.co_flags & 0x08)  # CO_VARKEYWORDS
+    names = list(code.co_varnames[:count])
+    star = code.co_varnames[count] if varargs else None
+    starstar = code.co_varnames[count + varargs] if varkw else None
+    values = frame.f_locals
+    for name in names:
+        if name in ("self", "cls"):
+            continue
+        yield from named_tensors(name, values.get(name))
+    if star is not None:
+        for index, item in enumerate(values.get(star, ())):
+            yield from named_tensors(f"{star}[{index}]", item)
+    if starstar is not None:
+        for key, item in dict(values.get(starstar, {})).items():
+            yield from named_tensors(str(key), item)
+
+
+def _is_plumbing(frame: types.FrameType) -> bool:
+    filename = os.path.abspath(frame.f_code.co_filename)
+    if filename.startswith(_WATCH_DIR) or filename == _CONTEXTLIB:
+        return True
+    return filename == _GRAPHS_PY and frame.f_code.co_name in ("__enter__", "__exit__")
+
+
+def _in_torch(frame: types.FrameType) -> bool:
+    return os.path.abspath(frame.f_code.co_filename).startswith(_TORCH_DIR)
+
+
+def _torch_function_name(frame: types.FrameType) -> str:
+    module = frame.f_globals.get("__name__", "torch")
+    return f"{module}.{frame.f_code.co_name}"
+
+
+def _display_path(filename: str) -> str:
+    cwd = os.getcwd() + os.sep
+    if filename.startswith(cwd):
+        return filename[len(cwd):]
+    marker = f"site-packages{os.sep}"
+    if marker in filename:
+        return filename.split(marker, 1)[1]
+    return filename
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "x".join(str(d) for d in shape) if shape else "scalar"
+
+
+def _address(tensor: torch.Tensor) -> int:
+    try:
+        return int(tensor.data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0  # tensors without storage (meta, fake) have no address to bake in
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

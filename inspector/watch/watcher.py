@@ -1,0 +1,307 @@
+"""What the watch knows about the graphs of one process, and the records it sends for them.
+
+The hooks (``hooks.py``) see raw capture and replay calls; the ``Watcher`` turns them into the
+inspector's events: a ``CaptureEvent`` per graph (keyed by a ``WatchedDescriptor`` that carries the
+graph's identity), a replay per ``replay()``, and violations for unexpected captures (after
+``mark_ready()`` or after N replays with no new capture) and re-recording storms (a call site that
+keeps capturing once its graphs are in use). torch.compile's skips and re-records arrive as
+``CompileEvent``s. Everything goes to one sink: a ``GraphObserver`` such as the inspector's Recorder,
+which may also take compile events. A failing sink never breaks the engine: errors are counted.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+import types
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.events import CaptureEvent, GraphObserver, ViolationEvent, ViolationKind
+from capture_core.modes import CUDAGraphMode
+from inspector.watch.identity import (
+    CallSite,
+    CapturedInputs,
+    GraphIdentity,
+    WatchedDescriptor,
+    find_call_site,
+    find_inputs,
+    format_stack,
+)
+from inspector.watch.pools import PoolId, PoolMeter, allocator_pool_bytes
+
+log = logging.getLogger(__name__)
+
+WATCH_BACKEND = "cuda"
+"""Watched graphs are the engine's own torch.cuda.CUDAGraph objects."""
+
+
+class CompileEventKind(str, enum.Enum):
+    """What torch.compile's cudagraph trees did instead of (or besides) replaying a graph."""
+
+    SKIP = "compile_skip"
+    RERECORD = "compile_rerecord"
+
+
+@dataclass(frozen=True)
+class CompileEvent:
+    """One skip ("skipping cudagraphs due to ...") or re-record, with the compiler's reason."""
+
+    kind: CompileEventKind
+    reason: str
+    message: str
+    function: str = ""
+    seen_at: float = field(default_factory=time.time)
+
+
+@runtime_checkable
+class CompileEventSink(Protocol):
+    def on_compile_event(self, event: CompileEvent) -> None: ...
+
+
+@dataclass(eq=False)
+class WatchedGraph:
+    """One captured graph as the watch saw it. ``replays`` is bumped on every replay."""
+
+    identity: GraphIdentity
+    descriptor: WatchedDescriptor
+    inputs: CapturedInputs
+    pool: PoolId | None
+    pool_bytes: int
+    capture_seconds: float
+    captured_at: float
+    unexpected: bool
+    rerecorded: bool
+    replays: int = 0
+    on_replay: Callable[[CUDAGraphMode, BatchDescriptor, int], None] | None = None
+    """The sink's replay counter, bound once the capture was sent (the replay hook calls it)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return self.descriptor.num_tokens
+
+
+@dataclass(eq=False)
+class PendingCapture:
+    """A capture between ``capture_begin`` and ``capture_end``."""
+
+    site: CallSite
+    inputs: CapturedInputs
+    label: str
+    stack: str
+    pool_arg: PoolId | None
+    pool_bytes_before: int
+    unexpected_reason: str
+    started: float
+    started_at: float
+    thread: int = field(default_factory=threading.get_ident)
+    module_inputs: CapturedInputs = field(default_factory=CapturedInputs)
+    module_hook: object = None
+    """The removable handle of the module pre-hook that looks for inputs when no frame showed any."""
+
+
+@dataclass
+class _SiteHistory:
+    graphs: list[WatchedGraph] = field(default_factory=list)
+    late_captures: deque[float] = field(default_factory=deque)
+
+
+class Watcher:
+    """The state of one watched process; thread-safe for captures, lock-free for replays."""
+
+    def __init__(
+        self,
+        observer: GraphObserver,
+        *,
+        ready_after: int | None = None,
+        storm_threshold: int = 3,
+        storm_window_s: float = 60.0,
+        pool_meter: PoolMeter = allocator_pool_bytes,
+    ) -> None:
+        if ready_after is not None and ready_after <= 0:
+            raise ValueError(f"ready_after must be a positive number of replays, got {ready_after}")
+        if storm_threshold < 1:
+            raise ValueError(f"storm_threshold must be >= 1, got {storm_threshold}")
+        self.observer = observer
+        self.ready_after = ready_after
+        self.storm_threshold = storm_threshold
+        self.storm_window_s = storm_window_s
+        self.pool_meter = pool_meter
+        self.graphs: list[WatchedGraph] = []
+        self.ready_reason = ""
+        self.sink_errors = 0
+        self.compile_events: list[CompileEvent] = []
+        self._lock = threading.Lock()
+        self._sites: dict[str, _SiteHistory] = {}
+        self._identities: set[str] = set()
+        self._replays_at_last_capture = 0
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.ready_reason)
+
+    def mark_ready(self, reason: str = "mark_ready() was called") -> None:
+        """From now on every capture is unexpected: start-up is over."""
+        with self._lock:
+            if not self.ready_reason:
+                self.ready_reason = reason
+
+    def replay_total(self) -> int:
+        return sum(graph.replays for graph in self.graphs)
+
+    def never_replayed(self) -> list[WatchedGraph]:
+        return [graph for graph in self.graphs if graph.replays == 0]
+
+    # -- capture -------------------------------------------------------------------------------
+
+    def capture_started(
+        self,
+        frames: list[types.FrameType],
+        pool_arg: PoolId | None,
+        *,
+        site: CallSite | None = None,
+        inputs: CapturedInputs | None = None,
+        label: str = "",
+    ) -> PendingCapture:
+        """Called before the engine's ``capture_begin`` runs: note where, what, and the pool before."""
+        with self._lock:
+            if not self.ready_reason and self.ready_after is not None:
+                quiet = self.replay_total() - self._replays_at_last_capture
+                if quiet >= self.ready_after:
+                    self.ready_reason = f"{quiet} replays and no new capture (ready_after={self.ready_after})"
+            unexpected_reason = self.ready_reason
+        return PendingCapture(
+            site=site or find_call_site(frames),
+            inputs=inputs if inputs is not None else find_inputs(frames),
+            label=label,
+            stack=format_stack(frames) if unexpected_reason else "",
+            pool_arg=pool_arg,
+            pool_bytes_before=self._measure(pool_arg),
+            unexpected_reason=unexpected_reason,
+            started=time.perf_counter(),
+            started_at=time.time(),
+        )
+
+    def capture_finished(self, pending: PendingCapture, pool: PoolId | None) -> WatchedGraph:
+        """Called after the engine's ``capture_end``: build the graph's record and send it."""
+        seconds = time.perf_counter() - pending.started
+        pool = pool or pending.pool_arg
+        before = pending.pool_bytes_before if pool == pending.pool_arg else 0
+        pool_bytes = max(self._measure(pool) - before, 0)
+        inputs = pending.inputs or pending.module_inputs
+        identity = GraphIdentity(pending.site, inputs.shapes, pending.label)
+        descriptor = identity.descriptor()
+        with self._lock:
+            history = self._sites.setdefault(identity.site.key, _SiteHistory())
+            rerecorded = identity.key in self._identities
+            in_use = any(graph.replays for graph in history.graphs)
+            graph = WatchedGraph(
+                identity=identity,
+                descriptor=descriptor,
+                inputs=inputs,
+                pool=pool,
+                pool_bytes=pool_bytes,
+                capture_seconds=seconds,
+                captured_at=pending.started_at,
+                unexpected=bool(pending.unexpected_reason),
+                rerecorded=rerecorded,
+            )
+            self._identities.add(identity.key)
+            history.graphs.append(graph)
+            self.graphs.append(graph)
+            self._replays_at_last_capture = self.replay_total()
+            storm = self._late_capture_count(history, pending.started_at) if (in_use or rerecorded) else 0
+
+        self._send_capture(graph, pending)
+        graph.on_replay = self.observer.on_replay
+        if pending.unexpected_reason:
+            self._send_unexpected(graph, pending)
+        if storm >= self.storm_threshold:
+            self._send_storm(graph, storm, in_use)
+        return graph
+
+    def _late_capture_count(self, history: _SiteHistory, now: float) -> int:
+        late = history.late_captures
+        late.append(now)
+        while late and now - late[0] > self.storm_window_s:
+            late.popleft()
+        return len(late)
+
+    def _measure(self, pool: PoolId | None) -> int:
+        if pool is None:
+            return 0
+        try:
+            return int(self.pool_meter(pool))
+        except Exception:  # a meter failure must not fail the engine's capture
+            log.debug("pool meter failed for pool %s", pool, exc_info=True)
+            return 0
+
+    # -- records ---------------------------------------------------------------------------------
+
+    def _send_capture(self, graph: WatchedGraph, pending: PendingCapture) -> None:
+        event = CaptureEvent(
+            descriptor=graph.descriptor,
+            mode=CUDAGraphMode.FULL,
+            backend=WATCH_BACKEND,
+            wrapper=pending.site.text,
+            input_names=graph.inputs.names,
+            input_addresses=graph.inputs.addresses,
+            capture_seconds=graph.capture_seconds,
+            pool_bytes=graph.pool_bytes,
+            warmup_iters=0,
+            unexpected=graph.unexpected,
+            captured_at=graph.captured_at,
+        )
+        self._deliver(self.observer.on_capture, event)
+
+    def _send_unexpected(self, graph: WatchedGraph, pending: PendingCapture) -> None:
+        event = ViolationEvent(
+            kind=ViolationKind.UNEXPECTED_CAPTURE,
+            descriptor=graph.descriptor,
+            mode=CUDAGraphMode.FULL,
+            wrapper=pending.site.text,
+            message=(
+                f"graph {graph.identity.key} was captured at {pending.site.text} after the process "
+                f"was ready ({pending.unexpected_reason}): a capture on the serving path is a "
+                "latency spike and new pool memory"
+            ),
+            stack=pending.stack,
+            seen_at=graph.captured_at,
+        )
+        self._deliver(self.observer.on_violation, event)
+
+    def _send_storm(self, graph: WatchedGraph, count: int, in_use: bool) -> None:
+        site = graph.identity.site
+        what = "a new shape" if not graph.rerecorded else "the same shape again"
+        event = ViolationEvent(
+            kind=ViolationKind.RERECORD_STORM,
+            descriptor=WatchedDescriptor(num_tokens=1, identity=site.key),
+            mode=CUDAGraphMode.FULL,
+            wrapper=site.text,
+            message=(
+                f"{site.text} re-recorded {count} graphs within {self.storm_window_s:g} s "
+                f"{'after its graphs were in use' if in_use else 'for shapes it had captured'}; "
+                f"the latest captured {what}: {graph.identity.shapes_text}"
+            ),
+            seen_at=graph.captured_at,
+        )
+        self._deliver(self.observer.on_violation, event)
+
+    def compile_event(self, event: CompileEvent) -> None:
+        """A skip or re-record reported by torch.compile's cudagraph trees."""
+        self.compile_events.append(event)
+        if isinstance(self.observer, CompileEventSink):
+            self._deliver(self.observer.on_compile_event, event)
+
+    def _deliver(self, method: object, event: object) -> None:
+        try:
+            method(event)  # type: ignore[operator]
+        except Exception:
+            self.sink_errors += 1
+            if self.sink_errors == 1:
+                log.warning("graph-inspector watch: the recorder failed; the engine goes on", exc_info=True)

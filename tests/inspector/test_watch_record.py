@@ -1,0 +1,89 @@
+"""A watched process end to end into a real SQLite file: graphs, replays, violations, compile skips."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import func, select
+from test_watch_standin import eager_cuda_graphs
+
+from inspector import watch
+from inspector.models import CompileRecord, Graph, ReplayWindow, Run, Violation
+from inspector.store import open_store
+from inspector.watch.compile_log import SKIP_LOGGER
+from inspector.watch.summary import watch_summary
+
+MODEL = torch.nn.Linear(4, 4)
+
+
+def capture(x: torch.Tensor) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    graph.capture_begin()
+    MODEL(x)
+    graph.capture_end()
+    return graph
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[str]:
+    with eager_cuda_graphs():
+        yield f"sqlite:///{tmp_path / 'watch.db'}"
+        watch.uninstall()
+
+
+def test_a_watched_process_lands_in_the_database(db: str) -> None:
+    watch.install(db, label="decode-loop", storm_threshold=1)
+    graphs = {n: capture(torch.zeros(n, 4)) for n in (8, 4, 2)}
+    for _ in range(5):
+        graphs[8].replay()
+    graphs[4].replay()
+    watch.mark_ready()
+    capture(torch.zeros(3, 4))  # unexpected, and a capture at a site in use: a storm at threshold 1
+    logging.getLogger(SKIP_LOGGER).warning("skipping cudagraphs due to mutated inputs (2 instances)")
+    logging.getLogger(SKIP_LOGGER).warning("skipping cudagraphs due to mutated inputs (2 instances)")
+    watch.uninstall()
+
+    store = open_store(db, upgrade=False)
+    with store.session() as session:
+        (run,) = session.scalars(select(Run))
+        assert (run.label, run.backend, run.ended_at is not None) == ("decode-loop", "cuda", True)
+        rows = list(session.scalars(select(Graph).order_by(Graph.id)))
+        assert [g.num_tokens for g in rows] == [8, 4, 2, 3]
+        assert [g.unexpected for g in rows] == [False, False, False, True]
+        assert all(g.mode == "full" and "test_watch_record.py:" in g.wrapper for g in rows)
+        assert all(g.descriptor_key.startswith("test_watch_record.py:") for g in rows)
+        assert len({g.descriptor_key for g in rows}) == 4
+        replays = dict(
+            session.execute(
+                select(ReplayWindow.descriptor_key, func.sum(ReplayWindow.replays)).group_by(
+                    ReplayWindow.descriptor_key
+                )
+            ).all()
+        )
+        assert replays == {rows[0].descriptor_key: 5, rows[1].descriptor_key: 1}
+        kinds = {v.kind: v for v in session.scalars(select(Violation))}
+        assert set(kinds) == {"unexpected_capture", "rerecord_storm"}
+        assert kinds["unexpected_capture"].descriptor_key == rows[3].descriptor_key
+        assert "capture(torch.zeros(3, 4))" in kinds["unexpected_capture"].stack
+        (skip,) = session.scalars(select(CompileRecord))
+        assert (skip.kind, skip.reason, skip.count) == ("compile_skip", "mutated inputs (2 instances)", 2)
+
+    summary = watch_summary(store, label="decode-loop")
+    assert [g.replays for g in summary.graphs] == [5, 1, 0, 0]
+    assert [g.num_tokens for g in summary.never_replayed] == [2, 3]
+    assert summary.violations == {"unexpected_capture": 1, "rerecord_storm": 1}
+    text = summary.render()
+    assert "4 graph(s), 6 replay(s)" in text and "never replayed: 2 graph(s)" in text
+    assert "torch.compile skip x2: mutated inputs (2 instances)" in text
+    store.dispose()
+
+
+def test_a_process_that_never_captures_leaves_no_run(db: str, tmp_path: Path) -> None:
+    watch.install(db)
+    MODEL(torch.zeros(2, 4))
+    watch.uninstall()
+    assert not (tmp_path / "watch.db").exists()
