@@ -55,7 +55,7 @@ def run(run_id: str) -> Response:
     return _answer(resources.run(run_id))
 
 
-@bp.route("/<path:unknown>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+@bp.get("/<path:unknown>")
 def unknown_endpoint(unknown: str) -> Response:
     raise NotFound(
         f"no API endpoint /api/{unknown}; try /api/summary, /api/graphs, /api/violations or /api/runs"

@@ -1,0 +1,85 @@
+"""Start `graph-inspector serve` as a child process and learn its URL: for the page tests, the
+screenshots script and the benchmark, which all want the real daemon, not an in-process app.
+
+The daemon binds port 0 (a free port, no race between picking and binding) and prints its URL;
+everything it prints is kept, so a failing test can show the server's side of the story.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+URL_LINE = re.compile(r"graph-inspector dashboard: (http://\S+/)")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class DaemonError(RuntimeError):
+    """The daemon exited or printed no URL in time; the message carries its output."""
+
+
+class Daemon:
+    """``with Daemon(db_url) as daemon: daemon.url`` -- a served dashboard, stopped on exit."""
+
+    def __init__(self, db_url: str, *, extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 start_timeout: float = 60.0) -> None:
+        self.command = [sys.executable, "-m", "dashboard.cli", "serve", "--db", db_url, "--port", "0",
+                        *extra_args]
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.start_timeout = start_timeout
+        self.url = ""
+        self._lines: list[str] = []
+        self._process: subprocess.Popen[str] | None = None
+        self._found = threading.Event()
+
+    @property
+    def output(self) -> str:
+        """Everything the daemon printed so far (stdout and stderr, interleaved)."""
+        return "".join(self._lines)
+
+    def start(self) -> Daemon:
+        self._process = subprocess.Popen(
+            self.command, cwd=REPO_ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, bufsize=1,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + self.start_timeout
+        while not self._found.wait(0.1):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                state = "exited" if self._process.returncode is not None else "printed no URL in time"
+                raise DaemonError(f"graph-inspector serve {state}; its output:\n{self.output}")
+        return self
+
+    def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            self._lines.append(line)
+            match = URL_LINE.search(line)
+            if match and not self._found.is_set():
+                self.url = match.group(1)
+                self._found.set()
+
+    def stop(self) -> None:
+        if self._process is None or self._process.poll() is not None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(10)
+
+    def __enter__(self) -> Daemon:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.stop()

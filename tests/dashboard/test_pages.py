@@ -1,0 +1,106 @@
+"""The HTML pages: each renders its data, escapes what the engine wrote, and says plainly when the
+chart library is missing."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from dashboard.app import create_app
+
+
+def page(client: FlaskClient, url: str) -> str:
+    response = client.get(url)
+    assert response.status_code == 200, response.get_data(as_text=True)[:2000]
+    assert response.mimetype == "text/html"
+    return response.get_data(as_text=True)
+
+
+def test_overview_shows_the_totals_in_human_units(client: FlaskClient) -> None:
+    html = page(client, "/")
+    assert "Graphs captured" in html and ">77<" in html
+    assert re.search(r"\d+\.\d MiB", html)
+    assert re.search(r"\d+\.\d %", html)
+    assert 'id="summary-data"' in html and 'id="chart-batches"' in html
+    assert "above max capture size" in html
+
+
+def test_graphs_table_links_every_graph_and_labels_the_eager_backend(
+    client: FlaskClient, seeded: dict[str, int]
+) -> None:
+    html = page(client, f"/graphs?run={seeded['eager_run']}")
+    assert f'href="/graphs/{seeded["eager_graph"]}"' in html
+    assert "eager backend" in html
+    assert page(client, "/graphs?sort=pool_bytes&order=desc").count("<tr>") == 51  # header + 50 rows
+
+
+def test_graph_page_shows_inputs_in_hex_and_its_violation(
+    client: FlaskClient, seeded: dict[str, int]
+) -> None:
+    html = page(client, f"/graphs/{seeded['eager_graph']}")
+    assert "0x7f3a2c" in html and "input_ids" in html
+    assert "Recorded on the <strong>eager backend</strong>" in html
+    assert "injected" in html and "moved since capture" in html
+
+
+def test_violations_page_escapes_untrusted_text(client: FlaskClient, seeded: dict[str, int]) -> None:
+    html = page(client, "/violations")
+    assert "<script>window.__pwned" not in html and "<img src=x" not in html
+    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in html
+    assert html.count('class="badge injected"') == 2
+    assert "0x7f3a2c9f0400" in html
+
+
+def test_runs_and_compare_pages(client: FlaskClient, seeded: dict[str, int]) -> None:
+    runs = page(client, "/runs")
+    assert "llama-1b decode (H200)" in runs and "ci smoke (eager backend)" in runs
+    compare = page(client, f"/runs/compare?a={seeded['cuda_run']}&b={seeded['eager_run']}")
+    assert "Run #1 vs #2" in compare and "Per capture size" in compare
+
+
+def test_live_run_makes_pages_refresh_themselves(client: FlaskClient) -> None:
+    assert 'data-live="true"' in page(client, "/")
+
+
+@pytest.mark.parametrize(
+    ("url", "status"),
+    [("/graphs/999999", 404), ("/graphs/abc", 400), ("/violations?kind=nope", 400), ("/nowhere", 404)],
+)
+def test_bad_page_requests_render_a_readable_error(client: FlaskClient, url: str, status: int) -> None:
+    response = client.get(url)
+    assert response.status_code == status
+    html = response.get_data(as_text=True)
+    assert f"<h1>{status}" in html and "Traceback" not in html
+
+
+def test_chart_library_is_served_under_its_content_hash(client: FlaskClient) -> None:
+    html = page(client, "/")
+    url = re.search(r'<script src="(/assets/chart\.[0-9a-f]{16}\.umd\.js)"', html).group(1)
+    response = client.get(url)
+    assert response.status_code == 200 and b"Chart" in response.data
+    assert "immutable" in response.headers["Cache-Control"]
+    assert client.get("/assets/chart.0000000000000000.umd.js").status_code == 404
+
+
+def test_missing_chart_library_is_said_plainly(db_url: str, seeded: dict[str, int], tmp_path: Path) -> None:
+    app: Flask = create_app(db_url, test_config={"CHART_JS": tmp_path / "absent" / "chart.umd.js"})
+    client = app.test_client()
+    html = page(client, "/")
+    assert "Charts unavailable" in html and "npm ci" in html and "/assets/chart." not in html
+    health = client.get("/healthz")
+    assert health.status_code == 503
+    body = health.get_json()
+    assert body["ok"] is False and body["data"]["chart_library"] == "missing" and "npm ci" in body["error"]
+    app.extensions["graph_inspector"].store.dispose()
+
+
+def test_healthz_reports_database_schema_and_charts(client: FlaskClient) -> None:
+    body = client.get("/healthz").get_json()
+    assert body["ok"] is True
+    assert body["data"]["database"] == "reachable"
+    assert body["data"]["schema"]["revision"] == body["data"]["schema"]["head"]
+    assert body["data"]["chart_library"] == "present"
