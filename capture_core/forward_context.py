@@ -33,12 +33,17 @@ class ForwardContext:
     attn_metadata: Any = None
 
 
-_local = threading.local()
+class _ThreadContext(threading.local):
+    # A class-level default makes the per-call read a plain attribute access (it is on every call).
+    context: ForwardContext | None = None
+
+
+_local = _ThreadContext()
 
 
 def get_forward_context() -> ForwardContext | None:
     """The context of the forward pass running on this thread, or None outside one."""
-    return getattr(_local, "context", None)
+    return _local.context
 
 
 @contextmanager
@@ -65,7 +70,7 @@ def set_forward_context(
 @contextmanager
 def use_forward_context(context: ForwardContext | None) -> Iterator[ForwardContext | None]:
     """Install an existing context on this thread (a micro-batch thread inheriting its parent's)."""
-    previous = getattr(_local, "context", None)
+    previous = _local.context
     _local.context = context
     try:
         yield context

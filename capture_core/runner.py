@@ -16,7 +16,7 @@ import torch
 
 from capture_core.buffers import BufferSpec, StaticBuffers
 from capture_core.descriptor import BatchDescriptor
-from capture_core.dispatcher import CUDAGraphDispatcher
+from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime
@@ -80,6 +80,28 @@ class DecodeRunner:
             device=self.device,
         )
         self.graphed = CUDAGraphWrapper(model, runtime, CUDAGraphMode.FULL, name=name)
+        self._routes = self._route_table()
+
+    def _route_table(self) -> list[Dispatch | None]:
+        """Every decode batch size's dispatch, worked out once; index = token count.
+
+        Routing is a pure function of the token count for uniform decode, so the step path reads a
+        list instead of building descriptors; and each entry carries the very descriptor object
+        that is captured, which lets the wrapper find its graph by identity.
+        """
+        canonical = {d: d for keys in self.dispatcher.keys.values() for d in keys}
+        table: list[Dispatch | None] = [None]
+        for num_tokens in range(1, self.dispatcher.sizes.max_size + 1):
+            routed = self.dispatcher.route(num_tokens, uniform_decode=True)
+            descriptor = canonical.get(routed.descriptor, routed.descriptor)
+            table.append(Dispatch(routed.mode, descriptor, num_tokens, routed.eager_reason))
+        return table
+
+    def route(self, num_tokens: int) -> Dispatch:
+        """Where a decode step of ``num_tokens`` goes (a graph's descriptor, or eager with the reason)."""
+        if num_tokens < len(self._routes):
+            return self._routes[num_tokens]
+        return self.dispatcher.route(num_tokens, uniform_decode=True)
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -110,7 +132,7 @@ class DecodeRunner:
         before the next step overwrites it.
         """
         num_tokens = _num_tokens(input_ids, positions, slot_ids)
-        routed = self.dispatcher.route(num_tokens, uniform_decode=True)
+        routed = self.route(num_tokens)
         if routed.eager_reason is not None:
             self.runtime.observer.on_eager(routed.eager_reason, num_tokens, self.mode.decode_mode())
             return self.step_eager(input_ids, positions, slot_ids)
@@ -141,7 +163,7 @@ class DecodeRunner:
         DEBUG checks this raises ``AddressDriftError``.
         """
         num_tokens = _num_tokens(input_ids, positions, slot_ids)
-        routed = self.dispatcher.route(num_tokens, uniform_decode=True)
+        routed = self.route(num_tokens)
         if routed.eager_reason is not None:
             reason = routed.eager_reason.value
             raise ValueError(f"{num_tokens} tokens run eagerly ({reason}): there is no graph to drift")
@@ -197,11 +219,11 @@ class DecodeRunner:
 
 
 def _num_tokens(input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor) -> int:
-    tensors = (input_ids, positions, slot_ids)
-    shapes = {name: tuple(t.shape) for name, t in zip(INPUT_NAMES, tensors, strict=True)}
-    if len(set(shapes.values())) != 1 or len(shapes["input_ids"]) != 1:
-        raise ValueError(f"input_ids, positions and slot_ids must be 1-D of one length, got shapes {shapes}")
-    num_tokens = shapes["input_ids"][0]
-    if num_tokens <= 0:
+    shape = input_ids.shape
+    if len(shape) != 1 or positions.shape != shape or slot_ids.shape != shape:
+        tensors = (input_ids, positions, slot_ids)
+        shapes = ", ".join(f"{n}={tuple(t.shape)}" for n, t in zip(INPUT_NAMES, tensors, strict=True))
+        raise ValueError(f"input_ids, positions and slot_ids must be 1-D of one length, got {shapes}")
+    if shape[0] == 0:
         raise ValueError("a decode step needs at least one token")
-    return num_tokens
+    return shape[0]

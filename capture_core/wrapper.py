@@ -75,6 +75,11 @@ class CUDAGraphWrapper:
         self.name = name or getattr(runnable, "__qualname__", None) or type(runnable).__name__
         self.parameter_names = ParameterNames.of(runnable)
         self._graphs: dict[BatchDescriptor, GraphEntry] = {}
+        # id(captured descriptor object) -> entry. Hashing a frozen dataclass costs more than the
+        # whole address check, so callers that pass the very descriptor object that was captured
+        # (as the runner does) skip it. Only captured keys go in, and each entry holds its key,
+        # so an id here can never be reused by another object.
+        self._by_identity: dict[int, GraphEntry] = {}
 
     @property
     def graphs(self) -> Mapping[BatchDescriptor, GraphEntry]:
@@ -85,15 +90,18 @@ class CUDAGraphWrapper:
         context = get_forward_context()
         if context is None or context.mode is not self.runtime_mode:
             return self.runnable(*args, **kwargs)
-        entry = self._graphs.get(context.descriptor)
-        if entry is None:
-            return self._capture_or_fallback(context, args, kwargs)
+        descriptor = context.descriptor
+        entry = self._by_identity.get(id(descriptor))
+        if entry is None or entry.descriptor is not descriptor:
+            entry = self._graphs.get(descriptor)
+            if entry is None:
+                return self._capture_or_fallback(context, args, kwargs)
         runtime = self.runtime
         if runtime.address_check is not _OFF:
             drifts = entry.layout.find_drift(args, kwargs)
             if drifts:
                 runtime.report_drift(self.name, context.mode, context.descriptor, drifts)
-        runtime.observer.on_replay(context.mode, context.descriptor, context.num_real_tokens)
+        runtime.observer.on_replay(context.mode, descriptor, context.num_real_tokens)
         entry.graph.replay()
         return entry.graph.outputs
 
@@ -132,6 +140,7 @@ class CUDAGraphWrapper:
             descriptor, mode, graph, layout, graph.capture_seconds, graph.pool_bytes, unexpected
         )
         self._graphs[descriptor] = entry
+        self._by_identity[id(descriptor)] = entry
         runtime.report_capture(
             CaptureEvent(
                 descriptor=descriptor,

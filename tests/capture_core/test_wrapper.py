@@ -125,6 +125,17 @@ def test_each_descriptor_gets_its_own_graph(runtime, observer):
     assert observer.replays == [(FULL, DESC, 4)]
 
 
+def test_an_equal_descriptor_object_finds_the_graph_captured_under_another(runtime, observer):
+    wrapper = CUDAGraphWrapper(ScaleAndShift(), runtime)
+    x, kv, scale = make_inputs()
+    with runtime.capture_phase(), set_forward_context(FULL, BatchDescriptor(4, 4, True)):
+        wrapper(x, kv, scale=scale)
+    for _ in range(2):
+        with set_forward_context(FULL, BatchDescriptor(4, 4, True)):
+            wrapper(x, kv, scale=scale)
+    assert len(observer.captures) == 1 and len(observer.replays) == 2
+
+
 def test_a_wrapper_serves_only_graph_modes():
     with pytest.raises(ValueError, match="FULL or PIECEWISE"):
         CUDAGraphWrapper(ScaleAndShift(), GraphRuntime("eager"), CUDAGraphMode.NONE)
