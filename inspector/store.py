@@ -101,6 +101,16 @@ class Store:
         except exc.DBAPIError as error:
             raise _translate(error, self.display_url) from None
 
+    def require_head(self) -> None:
+        """Readers call this: a database behind this version's schema must be upgraded first."""
+        current = self.current_revision()
+        head = schema.head_revision()
+        if current != head:
+            raise DatabaseError(
+                f"{self.display_url} is at schema revision {current or 'none (empty database)'} but this "
+                f"version reads {head}: run `graph-inspector db upgrade --db URL` first"
+            )
+
     def current_revision(self) -> str | None:
         try:
             with self.engine.connect() as conn:

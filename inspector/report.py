@@ -1,0 +1,316 @@
+"""Reports for people and for CI: what was recorded, and every violation, as text, JSON or JUnit XML.
+
+A CI system shows JUnit XML natively, so each violation becomes a failing test case (named after
+the graph and input, with the full message and addresses) and each clean run a passing one; the
+build fails on the exit code (0 clean, 1 violations). The pytest plugin renders its findings with
+the same functions, so both paths read the same.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from sqlalchemy import func, select
+
+from inspector.errors import UsageError
+from inspector.models import EagerTotal, Graph, ReplayTotal, Run, Violation
+from inspector.store import Store
+
+FORMATS = ("text", "json", "junit")
+SUITE = "graph-inspector"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One violation as a report shows it (a database row, or an event seen by the pytest plugin)."""
+
+    kind: str
+    message: str
+    wrapper: str = ""
+    mode: str = ""
+    descriptor: str = ""
+    input_name: str | None = None
+    expected_address: int | None = None
+    actual_address: int | None = None
+    count: int = 1
+    injected: bool = False
+    where: str = ""
+    """Where it was seen: ``run 3 (host, rank 0)``, or a test's node id."""
+    first_seen_at: float | None = None
+    last_seen_at: float | None = None
+    stack: str = ""
+
+    @property
+    def title(self) -> str:
+        graph = f"{self.descriptor} ({self.mode})" if self.descriptor else "graph"
+        text = f"{self.kind}: {graph}"
+        if self.wrapper:
+            text += f" in {self.wrapper}"
+        if self.input_name:
+            text += f", input {self.input_name}"
+        return text
+
+    def addresses(self) -> str:
+        if self.expected_address is None and self.actual_address is None:
+            return ""
+        actual = "gone" if self.actual_address is None else f"{self.actual_address:#x}"
+        expected = "?" if self.expected_address is None else f"{self.expected_address:#x}"
+        return f"captured at {expected}, replayed at {actual}"
+
+    def details(self) -> str:
+        """The full text of a failure: what, where, both addresses, how often, the stack."""
+        lines = [self.message]
+        if self.addresses():
+            lines.append(f"input {self.input_name!r}: {self.addresses()}")
+        lines.append(f"graph {self.descriptor} mode {self.mode} wrapper {self.wrapper!r}")
+        lines.append(f"seen {self.count} time(s){' [injected on purpose]' if self.injected else ''}")
+        if self.where:
+            lines.append(f"in {self.where}")
+        if self.stack:
+            lines += ["", "stack:", self.stack.rstrip()]
+        return "\n".join(lines)
+
+
+@dataclass
+class RunSummary:
+    id: int
+    label: str
+    host: str
+    pid: int
+    rank: int
+    backend: str
+    device: str
+    started_at: float
+    ended_at: float | None
+    dropped_events: int
+    graphs: int = 0
+    replays: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    eager_batches: int = 0
+    violations: int = 0
+
+    @property
+    def name(self) -> str:
+        label = f" {self.label!r}" if self.label else ""
+        return f"run {self.id}{label} ({self.host}, rank {self.rank}, pid {self.pid})"
+
+
+@dataclass
+class Report:
+    source: str
+    runs: list[RunSummary]
+    findings: list[Finding]
+    generated_at: float = field(default_factory=time.time)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+
+def build_report(store: Store, run_id: int | None = None) -> Report:
+    """Read the runs (all, or one) and their violations."""
+    with store.session() as session:
+        query = select(Run).order_by(Run.id)
+        if run_id is not None:
+            query = query.where(Run.id == run_id)
+        runs = {
+            run.id: RunSummary(
+                id=run.id,
+                label=run.label,
+                host=run.host,
+                pid=run.pid,
+                rank=run.rank,
+                backend=run.backend,
+                device=run.device,
+                started_at=run.started_at,
+                ended_at=run.ended_at,
+                dropped_events=run.dropped_events,
+            )
+            for run in session.scalars(query)
+        }
+        if run_id is not None and not runs:
+            raise UsageError(
+                f"no run {run_id} in {store.display_url} (see `graph-inspector report` for all runs)"
+            )
+        selected = list(runs)
+        for rid, count in session.execute(
+            select(Graph.run_id, func.count()).where(Graph.run_id.in_(selected)).group_by(Graph.run_id)
+        ):
+            runs[rid].graphs = count
+        for rid, replays, real, padded in session.execute(
+            select(
+                ReplayTotal.run_id,
+                func.sum(ReplayTotal.replays),
+                func.sum(ReplayTotal.real_tokens),
+                func.sum(ReplayTotal.padded_tokens),
+            )
+            .where(ReplayTotal.run_id.in_(selected))
+            .group_by(ReplayTotal.run_id)
+        ):
+            runs[rid].replays, runs[rid].real_tokens, runs[rid].padded_tokens = (
+                int(replays),
+                int(real),
+                int(padded),
+            )
+        for rid, batches in session.execute(
+            select(EagerTotal.run_id, func.sum(EagerTotal.batches))
+            .where(EagerTotal.run_id.in_(selected))
+            .group_by(EagerTotal.run_id)
+        ):
+            runs[rid].eager_batches = int(batches)
+        findings = []
+        for v in session.scalars(
+            select(Violation).where(Violation.run_id.in_(selected)).order_by(Violation.run_id, Violation.id)
+        ):
+            runs[v.run_id].violations += 1
+            findings.append(
+                Finding(
+                    kind=v.kind,
+                    message=v.message,
+                    wrapper=v.wrapper,
+                    mode=v.mode,
+                    descriptor=v.descriptor_key,
+                    input_name=v.input_name,
+                    expected_address=v.expected_address,
+                    actual_address=v.actual_address,
+                    count=v.count,
+                    injected=v.injected,
+                    where=runs[v.run_id].name,
+                    first_seen_at=v.first_seen_at,
+                    last_seen_at=v.last_seen_at,
+                    stack=v.stack,
+                )
+            )
+    return Report(source=store.display_url, runs=list(runs.values()), findings=findings)
+
+
+# ---------------------------------------------------------------------------------------------- text
+
+
+def render_text(report: Report) -> str:
+    lines = [f"graph-inspector report: {report.source}"]
+    if not report.runs:
+        lines.append("no runs recorded")
+    for run in report.runs:
+        state = "ended" if run.ended_at is not None else "not ended (live, or killed)"
+        computed = run.real_tokens + run.padded_tokens
+        waste = f"{run.padded_tokens / computed:.1%}" if computed else "n/a"
+        batches = run.replays + run.eager_batches
+        hits = f"{run.replays / batches:.1%}" if batches else "n/a"
+        lines.append(
+            f"  {run.name}: {run.backend} on {run.device}, {state}; {run.graphs} graphs, "
+            f"{run.replays} replays, hit ratio {hits}, padding waste {waste}, {run.violations} violation(s)"
+        )
+        if run.dropped_events:
+            lines.append(f"    warning: the recorder dropped {run.dropped_events} event(s) in this run")
+    for finding in report.findings:
+        lines.append("")
+        lines.append(f"FAIL {finding.title}")
+        lines.extend(f"    {line}".rstrip() for line in finding.details().splitlines())
+    lines.append("")
+    if report.ok:
+        lines.append(f"OK: no violations in {len(report.runs)} run(s)")
+    else:
+        total = sum(f.count for f in report.findings)
+        lines.append(
+            f"FAILED: {len(report.findings)} violation(s) ({total} occurrence(s)) "
+            f"in {len(report.runs)} run(s)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- JSON
+
+
+def render_json(report: Report) -> str:
+    payload = {
+        "ok": report.ok,
+        "source": report.source,
+        "generated_at": report.generated_at,
+        "runs": [asdict(run) for run in report.runs],
+        "violations": [finding_dict(f) for f in report.findings],
+    }
+    return json.dumps(payload, indent=2, sort_keys=True) + "\n"
+
+
+def finding_dict(finding: Finding) -> dict[str, object]:
+    data = asdict(finding)
+    data["title"] = finding.title
+    return data
+
+
+# ---------------------------------------------------------------------------------------------- JUnit
+
+
+@dataclass(frozen=True)
+class Case:
+    """One JUnit test case: passing when ``finding`` is None."""
+
+    classname: str
+    name: str
+    finding: Finding | None = None
+
+
+def report_cases(report: Report) -> list[Case]:
+    """A failing case per violation, a passing case per clean run (or one when nothing ran)."""
+    cases = [Case(f"{SUITE}.{f.kind}", f"{f.title} [{f.where}]", f) for f in report.findings]
+    for run in report.runs:
+        if run.violations == 0:
+            cases.append(Case(f"{SUITE}.run", f"{run.name}: no violations"))
+    if not cases:
+        cases.append(Case(f"{SUITE}.run", "no violations (no runs recorded)"))
+    return cases
+
+
+def render_junit_cases(
+    cases: Sequence[Case], suite: str = SUITE, properties: Iterable[tuple[str, str]] = ()
+) -> str:
+    failures = sum(1 for c in cases if c.finding is not None)
+    root = ET.Element("testsuites", name=suite, tests=str(len(cases)), failures=str(failures), errors="0")
+    suite_el = ET.SubElement(
+        root,
+        "testsuite",
+        name=suite,
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors="0",
+        skipped="0",
+        hostname=socket.gethostname(),
+        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()),
+    )
+    props = list(properties)
+    if props:
+        props_el = ET.SubElement(suite_el, "properties")
+        for key, value in props:
+            ET.SubElement(props_el, "property", name=key, value=value)
+    for case in cases:
+        case_el = ET.SubElement(suite_el, "testcase", classname=case.classname, name=case.name, time="0")
+        if case.finding is not None:
+            failure = ET.SubElement(case_el, "failure", type=case.finding.kind, message=case.finding.message)
+            failure.text = case.finding.details()
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def render_junit(report: Report) -> str:
+    return render_junit_cases(report_cases(report), properties=[("source", report.source)])
+
+
+def render(report: Report, fmt: str) -> str:
+    if fmt == "text":
+        return render_text(report)
+    if fmt == "json":
+        return render_json(report)
+    if fmt == "junit":
+        return render_junit(report)
+    raise UsageError(f"unknown report format {fmt!r}; choose one of {', '.join(FORMATS)}")
