@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Regenerate docs/screenshot-overview.png and docs/screenshot-violations.png.
+
+Seeds a fresh SQLite file with the dashboard's sample (two runs, one live on the eager backend,
+injected faults), starts `graph-inspector serve` on a free loopback port and photographs the pages
+in Debian's headless Chromium.
+
+    python3 scripts/screenshots.py [--out docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from playwright.sync_api import sync_playwright  # noqa: E402
+
+from dashboard.daemon import Daemon  # noqa: E402
+from dashboard.sample import seed_sample  # noqa: E402
+from inspector.store import open_store  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+PAGES = {"screenshot-overview.png": "", "screenshot-violations.png": "violations"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "docs", help="folder for the PNGs (default docs/)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        url = f"sqlite:///{Path(scratch) / 'sample.db'}"
+        store = open_store(url, upgrade=True)
+        seed_sample(store.engine, now=time.time())
+        store.dispose()
+        with Daemon(url) as daemon, sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 900}, device_scale_factor=1)
+            for name, path in PAGES.items():
+                page.goto(daemon.url + path, wait_until="networkidle")
+                page.screenshot(path=str(args.out / name), full_page=True)
+                print(f"wrote {args.out / name}")
+            browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
