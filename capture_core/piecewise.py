@@ -20,6 +20,7 @@ at a fixed address in the graph pool and the next segment's address check holds.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -181,6 +182,8 @@ class PiecewiseGraph:
         self.runtime = runtime
         self.name = name or f"{type(model).__name__}.piecewise"
         self.split = split_at_break_points(model)
+        # A FULL wrapper around this object names its inputs by the model's parameters.
+        self.__signature__ = inspect.signature(model.forward)
         self._segment_runtime = _SegmentRuntime(runtime)
         self.segments: list[CUDAGraphWrapper] = []
         for index, child in enumerate(self.split.segment_names):

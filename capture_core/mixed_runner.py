@@ -1,0 +1,163 @@
+"""The mixed-batch runner: one engine step for any batch, under any CUDA-graph mode.
+
+Where ``DecodeRunner`` serves uniform-decode steps from FULL graphs, this runner serves what a
+continuous-batching engine actually meets: prefill chunks and decodes flattened into one batch.
+The dispatcher routes each step (FULL graph for uniform decode, piecewise graph for mixed, or eager
+with the reason), the inputs are ``copy_``-ed into static buffers padded to the graph's size, and
+the logits are sliced back to the real tokens.
+
+The stack follows vLLM's: a FULL ``CUDAGraphWrapper`` around a ``PiecewiseGraph`` around the
+model. Under a FULL context the outer wrapper captures the whole step (attention included, on its
+fixed-shape path); under a PIECEWISE context it stands aside and the piecewise graph replays its
+segments with per-request attention between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from capture_core.buffers import BufferSpec, StaticBuffers
+from capture_core.descriptor import BatchDescriptor
+from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
+from capture_core.forward_context import set_forward_context
+from capture_core.modes import CUDAGraphMode
+from capture_core.piecewise import PiecewiseGraph
+from capture_core.runtime import GraphRuntime
+from capture_core.sizes import SizeTable
+from capture_core.wrapper import CUDAGraphWrapper
+
+FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
+
+
+class StepMetadata(Protocol):
+    """What the runner reads from a step's attention metadata (``model.AttentionMetadata``)."""
+
+    @property
+    def num_actual_tokens(self) -> int: ...
+
+    @property
+    def query_lens(self) -> tuple[int, ...]: ...
+
+
+class MixedBatchRunner:
+    """Serve flattened mixed prefill/decode steps of a reference-decoder-like model.
+
+    ``model(input_ids, positions, slot_ids, kv_cache, attn_metadata=None) -> logits``, with
+    ``new_kv_cache()`` and ``config.padding_slot`` / ``config.device`` as the reference decoder
+    has them. ``mode`` is any configuration mode; NONE runs every step eagerly.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        runtime: GraphRuntime,
+        sizes: SizeTable | Sequence[int],
+        mode: CUDAGraphMode = CUDAGraphMode.FULL_AND_PIECEWISE,
+        *,
+        uniform_decode_query_len: int = 1,
+        name: str = "model",
+    ) -> None:
+        self.model = model
+        self.runtime = runtime
+        self.mode = mode
+        self.dispatcher = CUDAGraphDispatcher(mode, sizes, uniform_decode_query_len=uniform_decode_query_len)
+        self.padding_slot: int = model.config.padding_slot
+        self.device = torch.device(model.config.device)
+        self.kv_cache: torch.Tensor = model.new_kv_cache()
+        self.buffers = StaticBuffers(
+            self.dispatcher.sizes.max_size,
+            {
+                "input_ids": BufferSpec(torch.long, 0),
+                "positions": BufferSpec(torch.long, 0),
+                "slot_ids": BufferSpec(torch.long, self.padding_slot),
+            },
+            device=self.device,
+        )
+        self.piecewise: PiecewiseGraph | None = None
+        if mode.has_piecewise_cudagraphs():
+            self.piecewise = PiecewiseGraph(model, runtime, name=f"{name}.piecewise")
+        inner = self.piecewise if self.piecewise is not None else model
+        self.full: CUDAGraphWrapper | None = None
+        if mode.has_full_cudagraphs():
+            self.full = CUDAGraphWrapper(inner, runtime, FULL, name=f"{name}.full")
+        self._top = self.full if self.full is not None else inner
+
+    def capture(self) -> None:
+        """Capture every graph the dispatcher lists, largest first, then lock capture."""
+        self.buffers.reset()  # dummy inputs: every write lands in the spare padding slot
+
+        def capture_one(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> None:
+            views = self.buffers.views(descriptor.num_tokens)
+            with torch.no_grad():
+                self._top(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
+
+        self.runtime.capture_all(self.dispatcher.capture_list(), capture_one, label="Capturing graphs")
+
+    def is_uniform_decode(self, attn_metadata: StepMetadata) -> bool:
+        """Every request decodes the same number of tokens (what FULL decode graphs serve)."""
+        return all(q == self.dispatcher.uniform_decode_query_len for q in attn_metadata.query_lens)
+
+    def route(self, attn_metadata: StepMetadata) -> Dispatch:
+        """Where a step with this metadata goes (no events)."""
+        uniform = self.is_uniform_decode(attn_metadata)
+        return self.dispatcher.route(attn_metadata.num_actual_tokens, uniform_decode=uniform)
+
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_ids: torch.Tensor,
+        attn_metadata: StepMetadata,
+    ) -> torch.Tensor:
+        """One step over the real (unpadded) tokens; returns logits ``[num_real_tokens, vocab]``.
+
+        On a graph the result is a view of its static output: read it before the next step.
+        """
+        num_tokens = attn_metadata.num_actual_tokens
+        if input_ids.shape[0] != num_tokens:
+            raise ValueError(
+                f"the metadata describes {num_tokens} tokens but input_ids has {input_ids.shape[0]}"
+            )
+        uniform = self.is_uniform_decode(attn_metadata)
+        routed = self.dispatcher.route(num_tokens, uniform_decode=uniform)
+        if routed.eager_reason is not None:
+            wanted = self.mode.decode_mode() if uniform else self.mode.mixed_mode()
+            self.runtime.observer.on_eager(routed.eager_reason, num_tokens, wanted)
+            return self.step_eager(input_ids, positions, slot_ids, attn_metadata)
+        views = self.buffers.load(
+            routed.descriptor.num_tokens, input_ids=input_ids, positions=positions, slot_ids=slot_ids
+        )
+        # A FULL graph runs attention on its fixed-shape path; per-request metadata would be baked in.
+        extra = {"attn_metadata": attn_metadata} if routed.mode is PIECEWISE else {}
+        context = set_forward_context(routed.mode, routed.descriptor, num_tokens, attn_metadata=attn_metadata)
+        with torch.no_grad(), context:
+            logits = self._top(
+                views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache, **extra
+            )
+        return logits[:num_tokens]
+
+    def step_eager(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_ids: torch.Tensor,
+        attn_metadata: StepMetadata,
+    ) -> torch.Tensor:
+        """The same step without graphs or padding: what every replay must equal."""
+        with torch.no_grad():
+            return self.model(
+                input_ids.to(self.device),
+                positions.to(self.device),
+                slot_ids.to(self.device),
+                self.kv_cache,
+                attn_metadata,
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"MixedBatchRunner(mode={self.mode.name}, sizes={list(self.dispatcher.sizes.sizes)}, "
+            f"backend={self.runtime.backend_name})"
+        )
