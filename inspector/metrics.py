@@ -1,0 +1,258 @@
+"""Prometheus metrics, read from the database at scrape time by a custom collector.
+
+The state lives in the database (several recording processes write it; the daemon only reads), so
+the collector yields fresh metric families on every scrape instead of keeping counters of its own.
+Each scrape is a handful of aggregate queries over small tables: graphs, violations (one row per
+distinct finding), runs, and the running totals the recorder keeps per graph key and per eager
+reason. It never scans the replay windows, so its cost does not grow with the length of a run.
+
+Counters are sums over every run in the database (they only grow while runs are recorded). The
+cache gauges (graphs, pool bytes) describe the current state: the latest run of each host and rank.
+Labels are small fixed sets (mode, captured size, reason, kind, state), never an address.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import Connection, and_, func, select
+
+from inspector.models import EagerTotal, Graph, ReplayTotal, Run, Violation
+from inspector.store import Store
+
+log = logging.getLogger(__name__)
+
+PREFIX = "graph_inspector_"
+LIVE_AFTER_S = 60.0
+"""A run that has not ended and flushed within this many seconds counts as live; older ones as stale."""
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric: the README table, the Grafana dashboard and the alert rules use these."""
+
+    name: str
+    type: str
+    labels: tuple[str, ...]
+    help: str
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        f"{PREFIX}graphs",
+        "gauge",
+        ("mode",),
+        "Graphs held by the latest run of each host and rank, by runtime mode.",
+    ),
+    MetricSpec(
+        f"{PREFIX}graph_pool_bytes",
+        "gauge",
+        ("mode",),
+        "Graph-pool memory held by those graphs, in bytes, by runtime mode.",
+    ),
+    MetricSpec(f"{PREFIX}captures_total", "counter", ("mode",), "Graphs captured, over every recorded run."),
+    MetricSpec(
+        f"{PREFIX}capture_duration_seconds",
+        "summary",
+        ("mode",),
+        "Time spent capturing graphs (warm-up included): _sum seconds over _count captures.",
+    ),
+    MetricSpec(
+        f"{PREFIX}replays_total",
+        "counter",
+        ("mode", "captured_size"),
+        "Graph replays, by runtime mode and captured size (the padded token count).",
+    ),
+    MetricSpec(
+        f"{PREFIX}real_tokens_total",
+        "counter",
+        ("mode",),
+        "Real (unpadded) tokens computed by graph replays.",
+    ),
+    MetricSpec(
+        f"{PREFIX}padded_tokens_total",
+        "counter",
+        ("mode",),
+        "Padding tokens computed by graph replays: captured size times replays, less the real tokens.",
+    ),
+    MetricSpec(
+        f"{PREFIX}eager_fallbacks_total",
+        "counter",
+        ("reason",),
+        "Batches that ran eagerly instead of replaying a graph, by reason.",
+    ),
+    MetricSpec(
+        f"{PREFIX}violations_total",
+        "counter",
+        ("kind",),
+        "Violations seen (every occurrence), by kind: address_drift, unexpected_capture, ...",
+    ),
+    MetricSpec(
+        f"{PREFIX}replay_hit_ratio",
+        "gauge",
+        (),
+        "Share of batches served by a graph replay rather than eagerly (0..1), over every run.",
+    ),
+    MetricSpec(
+        f"{PREFIX}padding_waste_ratio",
+        "gauge",
+        (),
+        "Share of the tokens computed by replays that were padding (0..1), over every run.",
+    ),
+    MetricSpec(
+        f"{PREFIX}runs",
+        "gauge",
+        ("state",),
+        "Recorded runs by state: live (flushed within a minute), stale (not ended, silent), ended.",
+    ),
+    MetricSpec(
+        f"{PREFIX}recorder_dropped_events_total",
+        "counter",
+        (),
+        "Events recorders could not write (database unavailable too long), over every run.",
+    ),
+    MetricSpec(
+        f"{PREFIX}database_up",
+        "gauge",
+        (),
+        "1 when the last scrape could read the database, 0 when it could not.",
+    ),
+    MetricSpec(
+        f"{PREFIX}scrape_duration_seconds",
+        "gauge",
+        (),
+        "Time this scrape spent reading the database, in seconds.",
+    ),
+)
+SPECS = {spec.name: spec for spec in METRICS}
+
+
+def _family(name: str) -> Metric:
+    spec = SPECS[name]
+    if spec.type == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+    if spec.type == "summary":
+        return SummaryMetricFamily(spec.name, spec.help, labels=spec.labels)
+    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+class InspectorCollector(Collector):
+    """Yields every metric in ``METRICS`` from the database, fresh at each scrape.
+
+    Register it with a ``CollectorRegistry`` (the daemon's, or your own in-process). A scrape that
+    cannot read the database yields ``graph_inspector_database_up 0`` instead of failing.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def describe(self) -> Iterator[Metric]:
+        for spec in METRICS:
+            yield _family(spec.name)
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        families = {spec.name: _family(spec.name) for spec in METRICS}
+        try:
+            with self.store.engine.connect() as conn:
+                self._read(conn, families, time.time())
+            up = 1.0
+        except Exception as error:  # the scrape must answer even when the database cannot
+            log.warning("graph-inspector metrics: cannot read %s: %s", self.store.display_url, error)
+            families = {spec.name: _family(spec.name) for spec in METRICS}
+            up = 0.0
+        families[f"{PREFIX}database_up"].add_metric([], up)
+        families[f"{PREFIX}scrape_duration_seconds"].add_metric([], time.perf_counter() - started)
+        yield from families.values()
+
+    def _read(self, conn: Connection, families: dict[str, Metric], now: float) -> None:
+        f = families
+        latest = select(func.max(Run.id)).group_by(Run.host, Run.rank).scalar_subquery()
+        for mode, count, pool in conn.execute(
+            select(Graph.mode, func.count(), func.coalesce(func.sum(Graph.pool_bytes), 0))
+            .where(Graph.run_id.in_(latest))
+            .group_by(Graph.mode)
+        ):
+            f[f"{PREFIX}graphs"].add_metric([mode], count)
+            f[f"{PREFIX}graph_pool_bytes"].add_metric([mode], pool)
+
+        for mode, count, seconds in conn.execute(
+            select(Graph.mode, func.count(), func.coalesce(func.sum(Graph.capture_seconds), 0.0)).group_by(
+                Graph.mode
+            )
+        ):
+            f[f"{PREFIX}captures_total"].add_metric([mode], count)
+            f[f"{PREFIX}capture_duration_seconds"].add_metric([mode], count_value=count, sum_value=seconds)
+
+        replays = real = padded = 0
+        by_mode: dict[str, list[int]] = {}
+        for mode, size, n, r, p in conn.execute(
+            select(
+                ReplayTotal.mode,
+                ReplayTotal.num_tokens,
+                func.sum(ReplayTotal.replays),
+                func.sum(ReplayTotal.real_tokens),
+                func.sum(ReplayTotal.padded_tokens),
+            )
+            .group_by(ReplayTotal.mode, ReplayTotal.num_tokens)
+            .order_by(ReplayTotal.mode, ReplayTotal.num_tokens)
+        ):
+            n, r, p = int(n), int(r), int(p)
+            f[f"{PREFIX}replays_total"].add_metric([mode, str(size)], n)
+            tokens = by_mode.setdefault(mode, [0, 0])
+            tokens[0] += r
+            tokens[1] += p
+            replays, real, padded = replays + n, real + r, padded + p
+        for mode, (r, p) in by_mode.items():
+            f[f"{PREFIX}real_tokens_total"].add_metric([mode], r)
+            f[f"{PREFIX}padded_tokens_total"].add_metric([mode], p)
+
+        eager = 0
+        for reason, batches in conn.execute(
+            select(EagerTotal.reason, func.sum(EagerTotal.batches))
+            .group_by(EagerTotal.reason)
+            .order_by(EagerTotal.reason)
+        ):
+            f[f"{PREFIX}eager_fallbacks_total"].add_metric([reason], int(batches))
+            eager += int(batches)
+
+        for kind, count in conn.execute(
+            select(Violation.kind, func.sum(Violation.count))
+            .group_by(Violation.kind)
+            .order_by(Violation.kind)
+        ):
+            f[f"{PREFIX}violations_total"].add_metric([kind], int(count))
+
+        if replays + eager:
+            f[f"{PREFIX}replay_hit_ratio"].add_metric([], replays / (replays + eager))
+        if real + padded:
+            f[f"{PREFIX}padding_waste_ratio"].add_metric([], padded / (real + padded))
+
+        live_since = now - LIVE_AFTER_S
+        states = {"live": 0, "stale": 0, "ended": 0}
+        open_runs = Run.ended_at.is_(None)
+        states["ended"] = conn.execute(select(func.count()).where(Run.ended_at.is_not(None))).scalar_one()
+        states["live"] = conn.execute(
+            select(func.count()).where(and_(open_runs, Run.last_seen_at >= live_since))
+        ).scalar_one()
+        states["stale"] = conn.execute(
+            select(func.count()).where(and_(open_runs, Run.last_seen_at < live_since))
+        ).scalar_one()
+        for state, count in states.items():
+            f[f"{PREFIX}runs"].add_metric([state], count)
+        dropped = conn.execute(select(func.coalesce(func.sum(Run.dropped_events), 0))).scalar_one()
+        f[f"{PREFIX}recorder_dropped_events_total"].add_metric([], int(dropped))
+
+
+def metrics_table_markdown() -> str:
+    """The README's metrics table, generated from ``METRICS`` so the two never disagree."""
+    lines = ["| Metric | Type | Labels | Meaning |", "| --- | --- | --- | --- |"]
+    for spec in METRICS:
+        labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
+        lines.append(f"| `{spec.name}` | {spec.type} | {labels} | {spec.help} |")
+    return "\n".join(lines) + "\n"
