@@ -42,6 +42,10 @@ class UBatchRing:
     main thread, so no ubatch starts before every thread is parked (and, for capture, has set up
     its CUDA context). ``compute_stream`` may be bound late, at ``release``: during graph capture
     it is the capturing stream, which only exists once capture has begun.
+
+    ``timeout`` bounds each wait for a turn; ``start_timeout`` bounds the wait at the barrier,
+    which includes thread start-up and CUDA set-up (seconds, on a first use), so by default it is
+    never shorter than ``DEFAULT_HANDOVER_TIMEOUT_S``.
     """
 
     def __init__(
@@ -51,13 +55,17 @@ class UBatchRing:
         compute_stream: torch.cuda.Stream | None = None,
         comm_stream: torch.cuda.Stream | None = None,
         timeout: float = DEFAULT_HANDOVER_TIMEOUT_S,
+        start_timeout: float | None = None,
     ) -> None:
         if num_ubatches < 1:
             raise ValueError(f"num_ubatches must be >= 1, got {num_ubatches}")
-        if timeout <= 0:
-            raise ValueError(f"the hand-over timeout must be positive, got {timeout}")
+        if timeout <= 0 or (start_timeout is not None and start_timeout <= 0):
+            raise ValueError(f"the hand-over timeouts must be positive, got {timeout} and {start_timeout}")
         self.num_ubatches = num_ubatches
         self.timeout = timeout
+        if start_timeout is None:
+            start_timeout = max(timeout, DEFAULT_HANDOVER_TIMEOUT_S)
+        self.start_timeout = start_timeout
         self.compute_stream = compute_stream
         self.comm_stream = comm_stream
         self.events = [threading.Event() for _ in range(num_ubatches)]
@@ -86,11 +94,11 @@ class UBatchRing:
 
     def wait_at_barrier(self, who: str) -> None:
         try:
-            self.barrier.wait(self.timeout)
+            self.barrier.wait(self.start_timeout)
         except threading.BrokenBarrierError:
             if self._abort_reason is not None:
                 raise UBatchAbortedError(f"{who} stopped: {self._abort_reason}") from None
-            reason = f"not every ubatch thread reached the start barrier within {self.timeout:g}s"
+            reason = f"not every ubatch thread reached the start barrier within {self.start_timeout:g}s"
             self.abort(reason)
             raise UBatchHandoverError(f"{who}: {reason}") from None
 
@@ -388,7 +396,7 @@ class UBatchThreads:
         except UBatchHandoverError:
             # A thread failed before the barrier (in its setup): its error is the one to report.
             for thread in self.threads:
-                thread.join(self.ring.timeout)
+                thread.join(self.ring.start_timeout)
             self._raise_first_failure()
             raise
 

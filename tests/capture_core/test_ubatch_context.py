@@ -135,7 +135,7 @@ def test_stuck_hand_over_times_out_with_a_clear_error() -> None:
 
 
 def test_thread_that_never_reaches_the_barrier_times_out() -> None:
-    ring = UBatchRing(2, timeout=0.3)
+    ring = UBatchRing(2, timeout=0.3, start_timeout=0.3)
     contexts = make_ubatch_contexts(ring)
 
     def slow_setup(context: UBatchContext) -> None:
@@ -187,8 +187,11 @@ def test_contexts_do_not_nest_and_ids_are_checked() -> None:
         UBatchContext(2, ring)
     with pytest.raises(ValueError, match="need 2 forward contexts"):
         make_ubatch_contexts(ring, [None])
-    with pytest.raises(ValueError, match="timeout must be positive"):
+    with pytest.raises(ValueError, match="timeouts must be positive"):
         UBatchRing(2, timeout=0)
+    with pytest.raises(ValueError, match="timeouts must be positive"):
+        UBatchRing(2, start_timeout=-1)
+    assert (UBatchRing(2, timeout=0.5).start_timeout, UBatchRing(2, timeout=90).start_timeout) == (60, 90)
     with pytest.raises(ValueError, match="one callable per ubatch"):
         UBatchThreads(make_ubatch_contexts(ring), [lambda: None])
 
