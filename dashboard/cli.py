@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "dashboard.commands.serve",
     "inspector.commands.report",
     "inspector.commands.db",
+    "inspector.commands.watch",
 )
 
 

@@ -8,107 +8,36 @@ capture_core (vLLM, SGLang, torch.compile's cudagraph trees, a hand-written deco
     uninstall()                                         # originals restored, records flushed
 
 ``graph-inspector watch -- python script.py`` does the same for a whole script without editing it.
+
+The names are loaded on first use: the start-up hook imports ``inspector.watch.launch`` in every
+process of a watched command, and a process that never imports torch must not import it here.
 """
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
+import importlib
+from typing import Any
 
-from capture_core.events import GraphObserver
-from inspector.watch.compile_log import CompileLogTap
-from inspector.watch.hooks import Hooks
-from inspector.watch.sink import RecorderSink
-from inspector.watch.watcher import CompileEvent, CompileEventKind, WatchedGraph, Watcher
+_EXPORTS = {
+    "install": "inspector.watch.api",
+    "uninstall": "inspector.watch.api",
+    "mark_ready": "inspector.watch.api",
+    "current": "inspector.watch.api",
+    "Watcher": "inspector.watch.watcher",
+    "WatchedGraph": "inspector.watch.watcher",
+    "CompileEvent": "inspector.watch.watcher",
+    "CompileEventKind": "inspector.watch.watcher",
+}
 
-__all__ = [
-    "CompileEvent",
-    "CompileEventKind",
-    "WatchedGraph",
-    "Watcher",
-    "current",
-    "install",
-    "mark_ready",
-    "uninstall",
-]
+__all__ = sorted(_EXPORTS)
 
 
-@dataclass
-class _Installation:
-    watcher: Watcher
-    hooks: Hooks
-    tap: CompileLogTap | None
-    owned_sink: RecorderSink | None
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'inspector.watch' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
-_lock = threading.Lock()
-_active: _Installation | None = None
-
-
-def install(
-    sink: GraphObserver | str | None = None,
-    *,
-    ready_after: int | None = None,
-    storm_threshold: int = 3,
-    storm_window_s: float = 60.0,
-    label: str = "watch",
-    compile_logs: bool = True,
-    graph_class: type | None = None,
-) -> Watcher:
-    """Start watching every CUDA graph this process captures and replays.
-
-    ``sink`` is a database URL (None: $GRAPH_INSPECTOR_DB, else the default SQLite file) recorded
-    through the inspector's Recorder, started at the first capture so that processes which never
-    capture leave no trace; or any ``GraphObserver`` (a Recorder you own, a test double).
-    ``ready_after``: after this many replays with no new capture, the process counts as ready and
-    every later capture is an unexpected capture (``mark_ready()`` does it by hand).
-    A re-recording storm is ``storm_threshold`` late captures at one call site within
-    ``storm_window_s`` seconds. ``graph_class`` defaults to ``torch.cuda.CUDAGraph``.
-    """
-    global _active
-    with _lock:
-        if _active is not None:
-            raise RuntimeError("graph-inspector watch is already installed here; call uninstall() first")
-        owned = RecorderSink(sink, label=label) if sink is None or isinstance(sink, str) else None
-        watcher = Watcher(
-            owned if owned is not None else sink,  # type: ignore[arg-type]
-            ready_after=ready_after,
-            storm_threshold=storm_threshold,
-            storm_window_s=storm_window_s,
-        )
-        hooks = Hooks(watcher) if graph_class is None else Hooks(watcher, graph_class)
-        hooks.install()
-        tap = None
-        if compile_logs:
-            tap = CompileLogTap(watcher.compile_event)
-            tap.install()
-        _active = _Installation(watcher, hooks, tap, owned)
-        return watcher
-
-
-def uninstall() -> None:
-    """Remove every hook, restore the originals exactly, and flush records the watch owns."""
-    global _active
-    with _lock:
-        installation, _active = _active, None
-    if installation is None:
-        return
-    installation.hooks.uninstall()
-    if installation.tap is not None:
-        installation.tap.remove()
-    if installation.owned_sink is not None:
-        installation.owned_sink.close()
-
-
-def mark_ready() -> None:
-    """Start-up is over: every capture from now on is recorded as an unexpected capture."""
-    installation = _active
-    if installation is None:
-        raise RuntimeError("graph-inspector watch is not installed; call install() first")
-    installation.watcher.mark_ready()
-
-
-def current() -> Watcher | None:
-    """The active watch's state, or None."""
-    installation = _active
-    return None if installation is None else installation.watcher
+def __dir__() -> list[str]:
+    return __all__

@@ -65,7 +65,7 @@ def arm() -> None:
 
 
 def _install(settings: WatchSettings) -> None:
-    from inspector.watch import install, uninstall
+    from inspector.watch.api import install, uninstall
 
     install(
         settings.db,

@@ -1,0 +1,136 @@
+"""`graph-inspector watch -- python script.py ...`: record the CUDA graphs of any engine, unchanged.
+
+The command runs as a child process with the watch armed in every Python process it starts (see
+``inspector.watch.launch``), records into the database, and prints what was recorded once the
+command ends. Its exit status is the command's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "watch",
+        help="run a command and record the CUDA graphs it captures and replays",
+        description=(
+            "Run COMMAND with hooks on torch.cuda.CUDAGraph (and torch.cuda.graph, "
+            "make_graphed_callables, torch.compile's cudagraph trees) in every Python process it "
+            "starts, and record its graphs, replays, unexpected captures, re-recording storms and "
+            "torch.compile skips into the database. Put the command after '--'."
+        ),
+        epilog="example: graph-inspector watch --ready-after 1000 -- python serve.py --model llama",
+    )
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        help="database URL (default: $GRAPH_INSPECTOR_DB, else sqlite:///graph-inspector.db)",
+    )
+    parser.add_argument(
+        "--ready-after",
+        type=int,
+        metavar="N",
+        default=None,
+        help="count a process as started up after N replays with no new capture; every "
+        "later capture is recorded as an unexpected capture, with its stack",
+    )
+    parser.add_argument(
+        "--storm-threshold",
+        type=int,
+        metavar="K",
+        default=3,
+        help="captures at one call site, once its graphs are in use, that make a "
+        "re-recording storm (default 3)",
+    )
+    parser.add_argument(
+        "--storm-window",
+        type=float,
+        metavar="SECONDS",
+        default=60.0,
+        help="the window those captures must fall in (default 60)",
+    )
+    parser.add_argument(
+        "--label",
+        default=None,
+        help="the runs' label on the dashboard (default: 'watch' and the script name)",
+    )
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="the command to run, e.g. -- python their_script.py --flag",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from inspector.errors import UsageError
+    from inspector.store import open_store, resolve_url
+    from inspector.watch.launch import WatchSettings, child_environment
+    from inspector.watch.summary import watch_summary
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("no command to watch; put it after '--', e.g. graph-inspector watch -- python x.py")
+    if args.ready_after is not None and args.ready_after <= 0:
+        raise UsageError(f"--ready-after must be a positive number of replays, got {args.ready_after}")
+    if args.storm_threshold < 1:
+        raise UsageError(f"--storm-threshold must be at least 1, got {args.storm_threshold}")
+    if not args.storm_window > 0:
+        raise UsageError(f"--storm-window must be positive, got {args.storm_window}")
+
+    url = resolve_url(args.db)
+    store = open_store(url)  # a bad URL or a foreign file is refused now, before the command runs
+    label = f"{args.label or default_label(command)} #{secrets.token_hex(3)}"
+    settings = WatchSettings(
+        db=url,
+        label=label,
+        ready_after=args.ready_after,
+        storm_threshold=args.storm_threshold,
+        storm_window_s=args.storm_window,
+    )
+    try:
+        child = subprocess.Popen(command, env=child_environment(settings))
+    except OSError as error:
+        store.dispose()
+        raise UsageError(f"cannot run {command[0]!r}: {error.strerror or error}") from None
+    print(
+        f"graph-inspector watch: recording {shlex.join(command)} into {store.display_url} as {label!r}",
+        file=sys.stderr,
+    )
+    status = _wait(child)
+    try:
+        print(watch_summary(store, label=label).render(), file=sys.stderr)
+    finally:
+        store.dispose()
+    return status
+
+
+def default_label(command: list[str]) -> str:
+    """'watch' and the script or module the command runs (its first argument ending in .py, or -m)."""
+    for index, word in enumerate(command):
+        if word.endswith(".py"):
+            return f"watch {os.path.basename(word)}"
+        if word == "-m" and index + 1 < len(command):
+            return f"watch -m {command[index + 1]}"
+    return f"watch {os.path.basename(command[0])}"
+
+
+def _wait(child: subprocess.Popen) -> int:
+    """The child's exit status; Ctrl-C reaches it through the terminal, so wait for it to finish."""
+    while True:
+        try:
+            code = child.wait()
+            break
+        except KeyboardInterrupt:
+            continue
+    return 128 + -code if code < 0 and -code in signal.valid_signals() else code
