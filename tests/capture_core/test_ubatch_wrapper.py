@@ -154,6 +154,21 @@ def test_full_mode_captures_every_ubatch_into_one_graph_keyed_by_token_count(dec
     assert ubatch_calls(probe) == [(True, 0, 4), (True, 1, 4)]  # the eager backend's replay re-runs
 
 
+def test_three_ubatches_are_captured_into_one_graph_too(decoder, step, observer) -> None:
+    wrapper, probe = make(decoder, observer)
+    ids, pos, slots = step.load(11, 12, seed=5)
+    expected = step.expected(11, 12)
+    _, padded = maybe_create_ubatch_slices(True, [1] * 11, 12, 12, 3)
+    with wrapper.runtime.capture_phase(), set_forward_context(
+        FULL, BatchDescriptor(12, 12, True), 11, ubatch_slices=padded
+    ):
+        out = wrapper(ids, pos, slots, step.kv_cache)
+    torch.testing.assert_close(out[:11], expected)
+    [event] = observer.captures
+    assert event.ubatch_slices == ((0, 4, 0, 4), (4, 8, 4, 8), (8, 12, 8, 12))
+    assert ubatch_calls(probe)[-3:] == [(True, 0, 4), (True, 1, 4), (True, 2, 4)]
+
+
 def test_a_size_held_as_a_ubatch_graph_is_never_captured_as_a_plain_graph(decoder, step, observer) -> None:
     wrapper, probe = make(decoder, observer)
     with wrapper.runtime.capture_phase():
