@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy import Connection, Engine, func, insert, select, update
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.sizes import SizeTable, power_of_two_sizes, vllm_default_sizes
@@ -88,6 +89,13 @@ def seed_sample(engine: Engine, *, now: float, seed: int = 7) -> dict[str, int]:
         "unexpected": unexpected,
         "hostile": hostile,
     }
+
+
+def touch_run(engine: Engine, run_id: int, at: float | None = None) -> None:
+    """What a recorder's flush does to its run: ``last_seen_at`` moves to now, so the run is live."""
+    with engine.begin() as conn:
+        seen = time.time() if at is None else at
+        conn.execute(update(Run).where(Run.id == run_id).values(last_seen_at=seen))
 
 
 def seed_bulk(

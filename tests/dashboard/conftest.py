@@ -55,3 +55,13 @@ def app(db_url: str, seeded: dict[str, int]) -> Iterator[Flask]:
 @pytest.fixture
 def client(app: Flask) -> FlaskClient:
     return app.test_client()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """When a test that ran the real daemon fails, show what the daemon printed."""
+    outcome = yield
+    report = outcome.get_result()
+    daemon = getattr(item, "funcargs", {}).get("daemon")
+    if report.failed and daemon is not None:
+        report.sections.append(("graph-inspector serve output", daemon.output or "(nothing)"))

@@ -4,13 +4,17 @@ chart library is missing."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from sqlalchemy import update
 
 from dashboard.app import create_app
+from dashboard.sample import touch_run
+from inspector.models import Run
 
 
 def page(client: FlaskClient, url: str) -> str:
@@ -62,8 +66,16 @@ def test_runs_and_compare_pages(client: FlaskClient, seeded: dict[str, int]) -> 
     assert "Run #1 vs #2" in compare and "Per capture size" in compare
 
 
-def test_live_run_makes_pages_refresh_themselves(client: FlaskClient) -> None:
+def test_live_run_makes_pages_refresh_themselves(
+    app: Flask, client: FlaskClient, seeded: dict[str, int]
+) -> None:
+    engine = app.extensions["graph_inspector"].store.engine
+    touch_run(engine, seeded["eager_run"])
     assert 'data-live="true"' in page(client, "/")
+    with engine.begin() as conn:
+        conn.execute(update(Run).values(last_seen_at=time.time() - 3600))
+    assert 'data-live="false"' in page(client, "/")
+    assert "refreshing every" not in page(client, "/violations")
 
 
 @pytest.mark.parametrize(

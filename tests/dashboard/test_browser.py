@@ -1,0 +1,193 @@
+"""The real daemon (`graph-inspector serve` as a subprocess) in real headless Chromium: every page
+opens, shows the seeded graphs and violations, draws its charts, runs no injected script, and
+never asks anything of a host other than the loopback daemon."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from sqlalchemy import update
+
+from dashboard.daemon import Daemon
+from dashboard.sample import touch_run
+from inspector.models import EagerTotal
+from inspector.store import Store, open_store
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    seeded_template: tuple[Path, dict[str, int]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
+    path = tmp_path_factory.mktemp("browser") / "inspector.db"
+    shutil.copyfile(seeded_template[0], path)
+    url = f"sqlite:///{path}"
+    store = open_store(url, upgrade=False)
+    stop = threading.Event()
+    recorder = threading.Thread(target=_flush_like_a_recorder, args=(store, seeded_template[1], stop))
+    recorder.start()
+    try:
+        with Daemon(url) as running:
+            yield running
+    finally:
+        stop.set()
+        recorder.join()
+        store.dispose()
+
+
+def _flush_like_a_recorder(store: Store, ids: dict[str, int], stop: threading.Event) -> None:
+    """Keep the eager run live, as its recorder would: every second, one more eager batch."""
+    while not stop.wait(1.0):
+        touch_run(store.engine, ids["eager_run"])
+        with store.engine.begin() as conn:
+            conn.execute(
+                update(EagerTotal)
+                .where(EagerTotal.run_id == ids["eager_run"])
+                .values(batches=EagerTotal.batches + 1, updated_at=time.time())
+            )
+
+
+@pytest.fixture(scope="module")
+def ids(seeded_template: tuple[Path, dict[str, int]]) -> dict[str, int]:
+    return seeded_template[1]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (scripts/setup --dev installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+class Visit:
+    """A browser page that records every request and every script error."""
+
+    def __init__(self, browser: object, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda request: self.requests.append(request.url))
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+
+    def open(self, path: str) -> object:
+        response = self.page.goto(self.daemon.url + path.lstrip("/"), wait_until="networkidle")
+        assert response is not None and response.status == 200, f"{path}: {response and response.status}"
+        return self.page
+
+    def charts_drawn(self) -> dict[str, bool]:
+        """Per canvas: a Chart.js chart is attached and has painted non-transparent pixels."""
+        return self.page.evaluate(
+            """() => Object.fromEntries([...document.querySelectorAll("canvas")].map((canvas) => {
+                const chart = window.Chart && window.Chart.getChart(canvas);
+                const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+                let painted = false;
+                for (let i = 3; i < pixels.length; i += 4) { if (pixels[i] !== 0) { painted = true; break; } }
+                return [canvas.id, Boolean(chart) && painted];
+            }))"""
+        )
+
+    def close(self) -> None:
+        self.page.close()
+        hosts = {urlsplit(url).hostname for url in self.requests if not url.startswith(("data:", "blob:"))}
+        assert hosts <= LOOPBACK, f"requests left loopback: {sorted(hosts - LOOPBACK)}"
+        assert not self.errors, f"script errors: {self.errors}"
+
+
+@pytest.fixture
+def visit(browser: object, daemon: Daemon) -> Iterator[Visit]:
+    opened = Visit(browser, daemon)
+    yield opened
+    opened.close()
+
+
+def test_overview_draws_all_four_charts_and_refreshes_while_live(visit: Visit) -> None:
+    page = visit.open("/")
+    assert page.locator(".kpi-value").first.inner_text() == "77"
+    assert visit.charts_drawn() == {
+        "chart-series": True, "chart-waste": True, "chart-batches": True, "chart-memory": True,
+    }
+    assert page.locator("#live-label").is_visible()
+    eager = page.locator("[data-kpi='traffic.eager_batches']")
+    before = eager.inner_text()
+    with page.expect_response(lambda r: "/api/summary" in r.url and r.status == 200, timeout=15_000):
+        pass
+    page.wait_for_function(
+        "(before) => document.querySelector(\"[data-kpi='traffic.eager_batches']\").textContent !== before",
+        arg=before, timeout=15_000,
+    )
+    assert int(eager.inner_text().replace(",", "")) > int(before.replace(",", ""))
+    assert visit.charts_drawn()["chart-series"]
+
+
+def test_graphs_page_lists_the_seeded_graphs_and_sorts(visit: Visit, ids: dict[str, int]) -> None:
+    page = visit.open(f"/graphs?run={ids['eager_run']}")
+    rows = page.locator("#graphs-table tbody tr")
+    assert rows.count() == 7
+    assert "eager backend" in rows.first.inner_text()
+    page.get_by_role("link", name="Pool memory").click()
+    page.wait_for_url("**/graphs?*sort=pool_bytes*")
+    memory = page.locator("#graphs-table tbody tr td:nth-child(7)").all_inner_texts()
+    assert len(memory) == 7 and memory[0].endswith("KiB") and memory[-1] == "96.0 MiB"  # ascending
+
+
+def test_graph_page_shows_inputs_and_draws_its_history(visit: Visit, ids: dict[str, int]) -> None:
+    page = visit.open(f"/graphs/{ids['eager_graph']}")
+    assert "input_ids" in page.locator("#inputs-table").inner_text()
+    assert "0x7f3a2c" in page.locator("#inputs-table").inner_text()
+    assert visit.charts_drawn() == {"chart-history": True}
+
+
+def test_violations_page_shows_findings_as_text_and_runs_no_injected_script(visit: Visit) -> None:
+    page = visit.open("/violations")
+    articles = page.locator("article.violation")
+    assert articles.count() == 3
+    text = page.locator("main").inner_text()
+    assert "moved since capture" in text and "0x7f3a2c9f0400" in text
+    assert '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> drift' in text
+    assert page.evaluate("() => window.__pwned") is None
+    assert page.locator("main img").count() == 0
+    assert page.locator(".badge.injected").count() == 2
+    page.locator("details summary").first.click()
+    assert "Traceback" in page.locator("pre.stack").first.inner_text()
+    page.select_option("select[name=kind]", "unexpected_capture")
+    page.wait_for_url("**/violations?*kind=unexpected_capture*")
+    assert page.locator("article.violation").count() == 1
+
+
+def test_runs_page_compares_two_ticked_runs(visit: Visit, ids: dict[str, int]) -> None:
+    page = visit.open("/runs")
+    assert page.locator("#runs-table tbody tr").count() == 2
+    assert page.locator("#compare-button").is_disabled()
+    for box in page.locator(".compare-pick").all():
+        box.check()
+    page.locator("#compare-button").click()
+    page.wait_for_url("**/runs/compare?**")
+    page.wait_for_load_state("networkidle")
+    table = page.locator("#compare-table").inner_text()
+    assert "llama-1b decode (H200)" in table and "ci smoke (eager backend)" in table
+
+
+def test_json_twins_and_health_answer_over_the_real_server(visit: Visit) -> None:
+    for path in ("api/summary", "api/graphs", "api/violations", "api/runs", "healthz"):
+        body = visit.page.request.get(visit.daemon.url + path).json()
+        assert body["ok"] is True, (path, body)
+    metrics = visit.page.request.get(visit.daemon.url + "metrics")
+    assert metrics.status == 200 and "# TYPE" in metrics.text()
