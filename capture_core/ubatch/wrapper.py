@@ -128,9 +128,17 @@ def _run_one(runnable: Callable[..., Any], call: _UBatchCall, grad: bool, infere
 
 
 def _cuda_thread_setup(device: torch.device, comm: torch.cuda.Stream | None, context: UBatchContext) -> None:
-    """Create this thread's CUDA state before any capture: device, cuBLAS handles on both streams."""
+    """Create this thread's CUDA state before any capture begins.
+
+    The device, cuBLAS handles on both streams, and the ubatch's two events (torch creates an
+    event on its first record): creating handles or events is no stream operation, and a thread
+    must not make such calls while another thread's capture is under way.
+    """
     torch.cuda.set_device(device)
     torch.cuda.current_blas_handle()
+    for event in (context.gpu_compute_done, context.gpu_comm_done):
+        if event is not None:
+            event.record()
     if comm is not None:
         with torch.cuda.stream(comm):
             torch.cuda.current_blas_handle()
