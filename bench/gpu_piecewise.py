@@ -164,7 +164,7 @@ def main() -> int:
         else ModelConfig.small(dtype=torch.bfloat16, device=str(device), max_seq_len=SMALL_MAX_SEQ_LEN)
     )
     mixes = QUICK_MIXES if quick else MIXES
-    sizes = power_of_two_sizes(max(m.num_tokens for m in mixes))
+    sizes = power_of_two_sizes(8 if quick else 256)
     model = ReferenceDecoder(config)
     dtype = str(config.dtype).removeprefix("torch.")
     print(f"reference decoder: {model.param_count() / 1e6:.1f}M parameters, {dtype}, capture sizes {sizes}")
@@ -208,7 +208,8 @@ def main() -> int:
         samples = time_interleaved(variants, timer, rounds=rounds, iters=iters)
         stats = {name: Stats.of(values) for name, values in samples.items()}
         scale = errors[PIECEWISE][1]
-        tolerance = (2e-2 if config.dtype == torch.bfloat16 else 1e-4) * max(1.0, scale)
+        # bf16 keeps 8 bits of mantissa; padded and unpadded matmuls may pick different kernels.
+        tolerance = (3e-2 if config.dtype == torch.bfloat16 else 1e-4) * max(1.0, scale)
         entry = {
             "mix": mix.name,
             "num_tokens": mix.num_tokens,
