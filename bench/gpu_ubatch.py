@@ -47,7 +47,9 @@ from bench.common import (
     command_line,
     needs_cuda,
     print_table,
+    print_targets,
     resolve_device,
+    target,
     time_interleaved,
     write_results,
 )
@@ -354,6 +356,23 @@ def main() -> int:
         summary,
     )
 
+    targets = [
+        target(
+            f"ubatched graph max abs err vs eager ({r['payload_mib']:g} MiB)",
+            r["equality"]["max_abs_err_vs_eager"],
+            r["equality"]["allowed_abs_err"],
+        )
+        for r in results
+    ]
+    heaviest = results[-1]
+    if on_gpu and heaviest["payload_mib"] > 0:
+        together = heaviest["step_ms"]["ubatched graph"]["median_ms"]
+        alone = heaviest["overlap"]["compute_plus_comm_ms"]
+        # Below 1: the ubatched step took less than compute and comm one after the other.
+        name = f"ubatched / (compute + comm alone) ({heaviest['payload_mib']:g} MiB)"
+        targets.append(target(name, together / alone, 1.0))
+    print_targets(targets)
+
     dp: dict[str, Any] | None = None
     if args.nproc > 0:
         dp = run_dp(args.nproc, args.dp_backend, iters=20 if args.quick else 200)
@@ -382,6 +401,7 @@ def main() -> int:
             "quick": args.quick,
         },
         results={"payloads": results, "dp": dp},
+        targets=targets,
         notes=notes,
     )
     print(f"\nwrote {args.out}")
