@@ -1,21 +1,261 @@
-"""pytest plugin (entry point ``pytest11``): graph-inspector options for test sessions."""
+"""pytest plugin (entry point ``pytest11``): run a test suite with the graph cache's checks on, fail
+the test in which a violation happens, and write the findings as JUnit XML or JSON for CI.
+
+- ``--graph-debug`` sets ``GRAPH_INSPECTOR_DEBUG=1`` for the session, which forces capture_core's
+  address checks into DEBUG mode: a drift raises ``AddressDriftError`` in the test that caused it.
+- The ``graph_observer`` fixture is an observer to give a ``GraphRuntime`` (or add to a
+  ``FanOutObserver``). A violation it receives fails the test it happened in, with a message that
+  names the input, the graph's descriptor and both addresses; mark a test
+  ``graph_violations_expected`` when it plants one on purpose.
+- ``--graph-report PATH`` writes every finding (recorded or raised) at the end of the session:
+  JSON when PATH ends in ``.json``, JUnit XML otherwise.
+
+Findings travel on each test's ``user_properties``, so under pytest-xdist they reach the controller,
+which alone writes the report; workers only observe. State lives in ``config.stash``. This module
+imports nothing heavy at start-up: an installed package loads it into every pytest run.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from collections.abc import Generator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
 import pytest
+
+DEBUG_ENV = "GRAPH_INSPECTOR_DEBUG"
+"""capture_core.checks reads it; kept here as text so this module does not import torch."""
+MARKER = "graph_violations_expected"
+FINDING_PROPERTY = "graph_inspector_finding"
+REPORTER_NAME = "graph-inspector-reporter"
+
+
+@dataclass
+class PluginState:
+    report_path: Path | None
+    debug: bool
+    previous_debug_env: str | None = None
+    findings: list[Any] = field(default_factory=list)
+    tests: int = 0
+    report_error: str | None = None
+
+
+STATE = pytest.StashKey[PluginState]()
+OBSERVER = pytest.StashKey["TestObserver"]()
+
+
+class TestObserver:
+    """A graph observer that keeps the violations of one test (everything else it ignores)."""
+
+    __test__ = False  # not a test class, whatever its name
+
+    def __init__(self) -> None:
+        self.violations: list[Any] = []
+        self._taken = 0
+
+    def on_capture(self, event: Any) -> None:
+        pass
+
+    def on_replay(self, mode: Any, descriptor: Any, num_real_tokens: int) -> None:
+        pass
+
+    def on_eager(self, reason: Any, num_tokens: int, mode: Any) -> None:
+        pass
+
+    def on_violation(self, event: Any) -> None:
+        self.violations.append(event)
+
+    def take_new(self) -> list[Any]:
+        """The violations received since the last call."""
+        new = self.violations[self._taken :]
+        self._taken = len(self.violations)
+        return new
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("graph-inspector", "CUDA-graph inspection")
+    group = parser.getgroup("terminal reporting")
     group.addoption(
         "--graph-debug",
         action="store_true",
         default=False,
-        help="Check graph input addresses on every replay (sets GRAPH_INSPECTOR_DEBUG=1).",
+        help="graph-inspector: check graph input addresses in DEBUG mode (sets GRAPH_INSPECTOR_DEBUG=1), "
+        "so an address drift raises in the test that caused it.",
     )
     group.addoption(
         "--graph-report",
         metavar="PATH",
         default=None,
-        help="Write graph findings to PATH (JUnit XML, or JSON when PATH ends in .json).",
+        help="graph-inspector: write the graph violations found during the session to PATH "
+        "(JUnit XML, or JSON when PATH ends in .json).",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}: violations the graph_observer fixture receives do not fail this test"
+    )
+    path = config.getoption("graph_report")
+    state = PluginState(
+        report_path=Path(path).resolve() if path else None, debug=config.getoption("graph_debug")
+    )
+    if state.debug:
+        state.previous_debug_env = os.environ.get(DEBUG_ENV)
+        os.environ[DEBUG_ENV] = "1"
+    config.stash[STATE] = state
+    if not _is_worker(config):
+        config.pluginmanager.register(SessionReporter(state), REPORTER_NAME)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reporter = config.pluginmanager.get_plugin(REPORTER_NAME)
+    if reporter is not None:
+        config.pluginmanager.unregister(reporter)
+    state = config.stash.get(STATE, None)
+    if state is None or not state.debug:
+        return
+    if state.previous_debug_env is None:
+        os.environ.pop(DEBUG_ENV, None)
+    else:
+        os.environ[DEBUG_ENV] = state.previous_debug_env
+
+
+@pytest.fixture
+def graph_observer(request: pytest.FixtureRequest) -> TestObserver:
+    """An observer for the graph runtime under test: a violation it sees fails this test."""
+    observer = TestObserver()
+    request.node.stash[OBSERVER] = observer
+    return observer
+
+
+def _finding_from_event(event: Any, nodeid: str) -> Any:
+    from inspector.report import Finding
+
+    return Finding(
+        kind=event.kind.value,
+        message=event.message,
+        wrapper=event.wrapper,
+        mode=event.mode.label,
+        descriptor=event.descriptor.key,
+        input_name=event.input_name,
+        expected_address=event.expected_address,
+        actual_address=event.actual_address,
+        injected=event.injected,
+        where=nodeid,
+        first_seen_at=event.seen_at,
+        last_seen_at=event.seen_at,
+        stack=event.stack,
+    )
+
+
+def _finding_from_exception(excinfo: pytest.ExceptionInfo[BaseException] | None, nodeid: str) -> Any:
+    """A graph-cache error raised through a test (a DEBUG-mode drift, an unexpected capture)."""
+    checks = sys.modules.get("capture_core.checks")
+    if excinfo is None or checks is None or not excinfo.errisinstance(checks.GraphCacheError):
+        return None
+    from inspector.report import Finding
+
+    kind = {
+        "AddressDriftError": "address_drift",
+        "UnexpectedCaptureError": "unexpected_capture",
+    }.get(excinfo.type.__name__, "graph_cache_error")
+    return Finding(kind=kind, message=str(excinfo.value), where=nodeid)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    observer = item.stash.get(OBSERVER, None)
+    expected = item.get_closest_marker(MARKER) is not None
+    events = observer.take_new() if observer is not None else []
+    if expected:
+        return report
+    findings = [_finding_from_event(event, item.nodeid) for event in events]
+    if not findings:
+        raised = _finding_from_exception(call.excinfo, item.nodeid)
+        if raised is not None:
+            findings.append(raised)
+    for finding in findings:
+        item.user_properties.append((FINDING_PROPERTY, json.dumps(asdict(finding))))
+    if events and report.passed:
+        report.outcome = "failed"
+        header = f"graph-inspector: {len(events)} violation(s) during {report.when} of this test"
+        report.longrepr = "\n\n".join([header, *(finding.details() for finding in findings)])
+    return report
+
+
+class SessionReporter:
+    """The controller's side (registered only where no xdist worker runs): gathers the findings of
+    every test report, writes the report file, prints the summary."""
+
+    def __init__(self, state: PluginState) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # Properties accumulate on the item across phases: read them once, from the last phase.
+        if report.when != "teardown":
+            return
+        self.state.tests += 1
+        for name, value in report.user_properties:
+            if name == FINDING_PROPERTY:
+                from inspector.report import Finding
+
+                self.state.findings.append(Finding(**json.loads(value)))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        state = self.state
+        if state.report_path is None:
+            return
+        try:
+            state.report_path.parent.mkdir(parents=True, exist_ok=True)
+            state.report_path.write_text(_render(state))
+        except OSError as error:
+            state.report_error = f"cannot write {state.report_path}: {error.strerror or error}"
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        state = self.state
+        if not (state.findings or state.report_path or state.debug):
+            return
+        terminalreporter.write_sep("-", "graph-inspector")
+        if state.findings:
+            tests = len({finding.where for finding in state.findings})
+            terminalreporter.write_line(
+                f"{len(state.findings)} graph violation(s) in {tests} test(s)", red=True
+            )
+        else:
+            terminalreporter.write_line(f"no graph violations in {state.tests} test(s)", green=True)
+        if state.debug:
+            terminalreporter.write_line(f"address checks in DEBUG mode ({DEBUG_ENV}=1)")
+        if state.report_error:
+            terminalreporter.write_line(f"graph report NOT written: {state.report_error}", red=True)
+        elif state.report_path is not None:
+            terminalreporter.write_line(f"graph report written to {state.report_path}")
+
+
+def _render(state: PluginState) -> str:
+    from inspector.report import SUITE, Case, finding_dict, render_junit_cases
+
+    assert state.report_path is not None
+    if state.report_path.suffix == ".json":
+        payload = {
+            "ok": not state.findings,
+            "tests": state.tests,
+            "violations": [finding_dict(f) for f in state.findings],
+        }
+        return json.dumps(payload, indent=2, sort_keys=True) + "\n"
+    cases = [
+        Case(finding.where.split("::")[0], f"{finding.where} {finding.title}", finding)
+        for finding in state.findings
+    ]
+    if not cases:
+        cases.append(Case(f"{SUITE}.session", f"no graph violations in {state.tests} test(s)"))
+    return render_junit_cases(cases, properties=[("tests", str(state.tests))])

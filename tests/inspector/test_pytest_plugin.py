@@ -1,0 +1,157 @@
+"""The pytest plugin, driven through ``pytester`` on a real graph wrapper (eager backend)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+SUITE = """
+import pytest
+import torch
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.forward_context import set_forward_context
+from capture_core.modes import CUDAGraphMode
+from capture_core.runtime import GraphRuntime
+from capture_core.wrapper import CUDAGraphWrapper
+
+FULL = CUDAGraphMode.FULL
+
+
+def double(x, *, scale):
+    return x * scale
+
+
+def serve(observer, drift):
+    runtime = GraphRuntime("eager", observer=observer, progress=False)
+    wrapper = CUDAGraphWrapper(double, runtime, name="double")
+    x, scale = torch.ones(4), torch.tensor(2.0)
+    descriptor = BatchDescriptor(4, 4, True)
+    with runtime.capture_phase(), set_forward_context(FULL, descriptor):
+        wrapper(x, scale=scale)
+    with set_forward_context(FULL, descriptor):
+        wrapper(x, scale=scale.clone() if drift else scale)
+
+
+def test_clean(graph_observer):
+    serve(graph_observer, drift=False)
+
+
+def test_drifts(graph_observer):
+    serve(graph_observer, drift=True)
+
+
+@pytest.mark.graph_violations_expected
+def test_planted(graph_observer):
+    serve(graph_observer, drift=True)
+    assert len(graph_observer.violations) == 1
+
+
+def test_without_the_fixture():
+    serve(None, drift=True)
+"""
+
+
+@pytest.fixture
+def plugin_args(pytestconfig: pytest.Config) -> list[str]:
+    """Load the plugin in the inner run unless the installed entry point already does."""
+    if pytestconfig.pluginmanager.has_plugin("graph_inspector"):
+        return []
+    return ["-p", "inspector.pytest_plugin"]
+
+
+def test_a_recorded_violation_fails_the_test_it_happened_in(pytester: pytest.Pytester, plugin_args) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["*FAILED test_suite.py::test_drifts*"])
+    output = result.stdout.str()
+    assert "graph-inspector: 1 violation(s) during call of this test" in output
+    assert "input 'scale'" in output and "tokens=4,reqs=4,uniform=1" in output
+    assert "captured at 0x" in output and "replayed at 0x" in output
+
+
+def test_graph_debug_raises_in_every_drifting_test_and_reports_json(
+    pytester: pytest.Pytester, plugin_args
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    report = pytester.path / "out" / "graph.json"
+    before = os.environ.get("GRAPH_INSPECTOR_DEBUG")
+    result = pytester.runpytest(
+        *plugin_args, "-p", "no:cacheprovider", "--graph-debug", f"--graph-report={report}"
+    )
+    assert os.environ.get("GRAPH_INSPECTOR_DEBUG") == before, "the session's setting is undone"
+    # In DEBUG mode the drift raises inside the test, with or without the fixture; the planted
+    # one raises too (the marker only spares recorded violations, not exceptions).
+    result.assert_outcomes(passed=1, failed=3)
+    result.stdout.fnmatch_lines(["*AddressDriftError*", "*graph-inspector*", "*DEBUG mode*", f"*{report}*"])
+    payload = json.loads(report.read_text())
+    assert payload["ok"] is False and payload["tests"] == 4
+    where = sorted(v["where"] for v in payload["violations"])
+    assert where == ["test_suite.py::test_drifts", "test_suite.py::test_without_the_fixture"]
+    by_test = {v["where"]: v for v in payload["violations"]}
+    assert by_test["test_suite.py::test_drifts"]["input_name"] == "scale"
+    assert by_test["test_suite.py::test_without_the_fixture"]["kind"] == "address_drift"
+
+
+def test_junit_report_has_a_failing_case_per_violation(pytester: pytest.Pytester, plugin_args) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    report = pytester.path / "graph.xml"
+    result = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-report={report}")
+    result.assert_outcomes(passed=3, failed=1)
+    root = ET.parse(report).getroot()
+    assert root.get("failures") == "1"
+    case = next(root.iter("testcase"))
+    assert "test_drifts" in (case.get("name") or "")
+    failure = case.find("failure")
+    assert failure is not None and failure.get("type") == "address_drift"
+    assert "input 'scale'" in (failure.text or "")
+
+
+def test_clean_session_writes_a_passing_report(pytester: pytest.Pytester, plugin_args) -> None:
+    pytester.makepyfile(test_clean=SUITE.split("def test_drifts")[0])
+    report = pytester.path / "graph.xml"
+    result = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-report={report}")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*no graph violations in 1 test(s)*"])
+    root = ET.parse(report).getroot()
+    assert root.get("failures") == "0" and root.get("tests") == "1"
+
+
+def test_unwritable_report_path_fails_the_run_with_a_message(pytester: pytest.Pytester, plugin_args) -> None:
+    pytester.makepyfile(test_clean=SUITE.split("def test_drifts")[0])
+    blocker = pytester.path / "file"
+    blocker.write_text("a file, not a folder")
+    result = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-report={blocker}/graph.xml")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*graph report NOT written*"])
+
+
+def test_xdist_workers_write_nothing(pytester: pytest.Pytester, plugin_args) -> None:
+    pytester.makeconftest(
+        """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    config.workerinput = {"workerid": "gw0"}  # what pytest-xdist sets on a worker
+"""
+    )
+    pytester.makepyfile(test_suite=SUITE)
+    report = pytester.path / "graph.xml"
+    result = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-report={report}")
+    result.assert_outcomes(passed=3, failed=1)  # the worker still fails the drifting test
+    assert not report.exists()
+    assert not re.search(r"-+ graph-inspector -+", result.stdout.str()), "no summary section on a worker"
+
+
+def test_options_are_in_the_reporting_group(pytester: pytest.Pytester, plugin_args) -> None:
+    result = pytester.runpytest(*plugin_args, "--help")
+    reporting = result.stdout.str().lower().split("reporting:")[1].split("\n\n")[0]
+    assert "--graph-debug" in reporting and "--graph-report=path" in reporting
