@@ -103,9 +103,15 @@ class UBatchRing:
             raise UBatchHandoverError(f"{who}: {reason}") from None
 
     def release(self, compute_stream: torch.cuda.Stream | None = None) -> None:
-        """Let ubatch 0 run (called by the main thread once everyone is at the barrier)."""
+        """Let ubatch 0 run (called by the main thread once everyone is at the barrier).
+
+        On CUDA the compute stream is ``compute_stream``, else the one bound at construction, else
+        the caller's current stream: the ubatches' work then orders after what the caller queued.
+        """
         if compute_stream is not None:
             self.compute_stream = compute_stream
+        elif self.compute_stream is None and self.comm_stream is not None:
+            self.compute_stream = torch.cuda.current_stream(self.comm_stream.device)
         self.events[0].set()
 
     def take_turn(self, ubatch_id: int) -> None:
