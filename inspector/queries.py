@@ -19,11 +19,9 @@ from typing import Any
 from sqlalchemy import Engine, Select, case, func, select
 from sqlalchemy.orm import Session
 
+from inspector.metrics import LIVE_AFTER_S
 from inspector.models import EagerTotal, Graph, ReplayTotal, ReplayWindow, Run, Violation
 from inspector.rollup import Rollup, Traffic
-
-LIVE_SECONDS = 30.0
-"""A run with no end whose recorder flushed within this many seconds is shown as live."""
 
 GRAPH_SORTS = {
     "id": Graph.id,
@@ -158,7 +156,7 @@ class Queries:
         return rows
 
     def _is_live(self, run: Run) -> bool:
-        return run.ended_at is None and self._now() - run.last_seen_at < LIVE_SECONDS
+        return run.ended_at is None and self._now() - run.last_seen_at <= LIVE_AFTER_S
 
     # Overview
 
