@@ -131,7 +131,7 @@ def test_stuck_hand_over_times_out_with_a_clear_error() -> None:
     started = time.monotonic()
     with pytest.raises(UBatchHandoverError, match=r"ubatch 1 waited 0\.3s for its turn while ubatch 0 held"):
         _run(2, work, timeout=0.3)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10
 
 
 def test_thread_that_never_reaches_the_barrier_times_out() -> None:
@@ -148,7 +148,7 @@ def test_thread_that_never_reaches_the_barrier_times_out() -> None:
 
 
 def test_failing_setup_reports_the_setup_error() -> None:
-    ring = UBatchRing(2, timeout=5)
+    ring = UBatchRing(2, timeout=30)
 
     def bad_setup(context: UBatchContext) -> None:
         if context.id == 1:
@@ -158,7 +158,7 @@ def test_failing_setup_reports_the_setup_error() -> None:
     started = time.monotonic()
     with pytest.raises(OSError, match="no CUDA context"):
         threads.run()
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # at once, not after the 30 s timeout
 
 
 def test_a_failing_ubatch_aborts_the_others_and_its_error_is_raised() -> None:
@@ -176,8 +176,8 @@ def test_a_failing_ubatch_aborts_the_others_and_its_error_is_raised() -> None:
 
     started = time.monotonic()
     with pytest.raises(ValueError, match="ubatch 1 broke"):
-        _run(2, work, timeout=5)
-    assert time.monotonic() - started < 3  # the abort wakes ubatch 0 at once, not after the timeout
+        _run(2, work, timeout=30)
+    assert time.monotonic() - started < 10  # the abort wakes ubatch 0 at once, not after the timeout
     assert len(aborted) == 1 and "ubatch 1 failed" in str(aborted[0])
 
 
