@@ -2,9 +2,12 @@
 
 The public surface, in the order a decode loop meets it: modes and descriptors (the graph key),
 capture sizes and the dispatcher (which graph a batch replays), the forward context, the runtime
-(shared pool, capture lock, checks, observer), the wrapper, static buffers and the decode runner.
+(shared pool, capture lock, checks, observer), the wrapper, static buffers and the decode runner;
+then piecewise graphs for mixed batches, the reference decoder and the traffic model. Micro-
+batching lives in the ``capture_core.ubatch`` subpackage (imported here as ``ubatch``).
 """
 
+from capture_core import ubatch
 from capture_core.backends import (
     CapturedGraph,
     CudaGraphBackend,
@@ -39,8 +42,18 @@ from capture_core.forward_context import (
     set_forward_context,
     use_forward_context,
 )
+from capture_core.model import AttentionMetadata, FlatBatch, ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.modes import CUDAGraphMode
+from capture_core.piecewise import (
+    PiecewiseEntry,
+    PiecewiseGraph,
+    SplitModel,
+    attention_boundary,
+    is_break_point,
+    split_at_break_points,
+)
 from capture_core.progress import ProgressBar
+from capture_core.runner import DecodeRunner
 from capture_core.runtime import (
     CaptureDecision,
     CapturePhase,
@@ -57,12 +70,28 @@ from capture_core.sizes import (
     validate_sizes,
     vllm_default_sizes,
 )
+from capture_core.traffic import (
+    BatchSizeStats,
+    ContinuousBatchScheduler,
+    PaddingStats,
+    Trace,
+    TraceError,
+    TraceRequest,
+    TrafficConfig,
+    batch_size_histogram,
+    batch_size_stats,
+    decode_batch_sizes,
+    load_trace,
+    padding_stats,
+)
 from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
 
 __all__ = [
     "AddressCheckMode",
     "AddressDriftError",
+    "AttentionMetadata",
     "BatchDescriptor",
+    "BatchSizeStats",
     "BufferSpec",
     "CUDAGraphDispatcher",
     "CUDAGraphMode",
@@ -71,12 +100,15 @@ __all__ = [
     "CaptureEvent",
     "CapturePhase",
     "CapturedGraph",
+    "ContinuousBatchScheduler",
     "CudaGraphBackend",
+    "DecodeRunner",
     "Dispatch",
     "Drift",
     "EagerBackend",
     "EagerReason",
     "FanOutObserver",
+    "FlatBatch",
     "ForwardContext",
     "GraphBackend",
     "GraphCacheError",
@@ -84,23 +116,43 @@ __all__ = [
     "GraphObserver",
     "GraphRuntime",
     "InputLayout",
+    "ModelConfig",
     "NullObserver",
     "Padding",
+    "PaddingStats",
     "ParameterNames",
+    "PiecewiseEntry",
+    "PiecewiseGraph",
     "ProgressBar",
+    "ReferenceDecoder",
     "SizeTable",
+    "SplitModel",
     "StaticBuffers",
+    "Trace",
+    "TraceError",
+    "TraceRequest",
+    "TrafficConfig",
     "UnexpectedCaptureError",
     "UnexpectedCapturePolicy",
     "ViolationEvent",
     "ViolationKind",
+    "attention_boundary",
+    "batch_size_histogram",
+    "batch_size_stats",
     "capture_sizes",
+    "decode_batch_sizes",
     "effective_check_mode",
+    "flatten_requests",
     "get_forward_context",
+    "is_break_point",
+    "load_trace",
+    "padding_stats",
     "pool_reserved_bytes",
     "power_of_two_sizes",
     "select_backend",
     "set_forward_context",
+    "split_at_break_points",
+    "ubatch",
     "use_forward_context",
     "validate_sizes",
     "vllm_default_sizes",
