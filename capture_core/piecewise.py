@@ -99,7 +99,7 @@ def split_at_break_points(model: nn.Module) -> SplitModel:
             f"({type(exc).__name__}: {exc}). Keep data-dependent Python control flow inside the "
             "break-point modules."
         ) from exc
-    traced = fx.GraphModule(model, graph)
+    traced = fx.GraphModule(model, _name_break_point_inputs(model, graph))
     partition_of: dict[fx.Node, int] = {}
     breaks: set[int] = set()
     partition = 0
@@ -116,6 +116,37 @@ def split_at_break_points(model: nn.Module) -> SplitModel:
     break_names = tuple(name for name in called if int(name.rsplit("_", 1)[1]) in breaks)
     segment_names = tuple(name for name in called if name not in break_names)
     return SplitModel(split, segment_names, break_names)
+
+
+def _name_break_point_inputs(model: nn.Module, graph: fx.Graph) -> fx.Graph:
+    """A copy of ``graph`` whose values fed to a break point are named after its parameters.
+
+    A segment's inputs are named after the graph values they carry, and those names reach capture
+    events and the dashboard: ``layers_0_attn_out`` (the attention output buffer of layer 0) says
+    what ``new_empty`` does not.
+    """
+    wanted: dict[fx.Node, str] = {}
+    for node in graph.nodes:
+        if node.op != "call_module" or not is_break_point(model.get_submodule(node.target)):
+            continue
+        params = inspect.signature(model.get_submodule(node.target).forward).parameters
+        bound = [*zip(params, node.args, strict=False), *node.kwargs.items()]
+        prefix = node.target.replace(".", "_")
+        for param, value in bound:
+            if isinstance(value, fx.Node) and value.op not in ("placeholder", "get_attr"):
+                wanted.setdefault(value, f"{prefix}_{param}")
+    renamed = fx.Graph()
+    copies: dict[fx.Node, fx.Node] = {}
+    for node in graph.nodes:
+        if node in wanted:
+            args = fx.map_arg(node.args, copies.__getitem__)
+            kwargs = fx.map_arg(node.kwargs, copies.__getitem__)
+            copy = renamed.create_node(node.op, node.target, args, kwargs, wanted[node], node.type)
+            copy.meta = dict(node.meta)
+        else:
+            copy = renamed.node_copy(node, copies.__getitem__)
+        copies[node] = copy
+    return renamed
 
 
 @dataclass

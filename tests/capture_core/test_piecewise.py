@@ -142,6 +142,8 @@ def test_capture_reports_one_piecewise_graph_with_its_segments(model) -> None:
     assert event.num_segments == CONFIG.num_layers + 1 == piecewise.num_segments
     assert event.backend == "eager" and event.wrapper == piecewise.name
     assert event.input_names[:2] == ("segment0.input_ids", "segment0.positions")
+    # A value handed across an attention call is named after the attention's parameter.
+    assert "segment1.layers_0_attn_out" in event.input_names
     assert {name.split(".")[0] for name in event.input_names} == {
         f"segment{i}" for i in range(piecewise.num_segments)
     }
