@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent
@@ -49,3 +51,15 @@ def _no_debug_override(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def runtime(observer: RecordingObserver) -> GraphRuntime:
     return GraphRuntime("eager", observer=observer, progress=False)
+
+
+@pytest.fixture
+def single_thread_torch() -> Iterator[None]:
+    """One intra-op thread for small-model tests: on a small shared CPU, threads spin against each
+    other (a tiny decoder step measured 15x slower with two threads on a loaded 2-core host)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -14,6 +14,8 @@ from capture_core.runner import DecodeRunner
 from capture_core.runtime import GraphRuntime, UnexpectedCaptureError
 from capture_core.sizes import EagerReason
 
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
+
 SIZES = [1, 2, 4, 8]
 CONFIG = ModelConfig.tiny(max_num_seqs=12, max_seq_len=32)
 FULL = CUDAGraphMode.FULL
