@@ -257,7 +257,6 @@ def measure_model(
                 _print_progress(name, batch, result["sizes"][-1])
             if compiled is not None:
                 result["compile"] = {"first_calls_s": compile_seconds, **trees.as_dict()}
-        runner.runtime.address_check = AddressCheckMode.OFF
     del runner, bare, compiled, kv_cache, model
     if on_cuda:
         torch._dynamo.reset()

@@ -157,3 +157,18 @@ def test_graph_tree_watch_counts_only_captures_begun_from_cudagraph_trees() -> N
         with pytest.raises((TypeError, RuntimeError, AttributeError)):
             torch.cuda.CUDAGraph.capture_begin(not_a_graph)
     assert watch.captures == 1
+
+
+def test_summary_says_by_how_much_a_target_was_missed() -> None:
+    from bench.summarize import target_text
+
+    text = target_text(
+        [
+            common.target("runner / bare", 1.05, 1.02, unit="x"),
+            common.target("check %", 0.4, 2.0, unit="%"),
+            common.target("cpu stand-in", 3.0, 1.0, applies=False),
+        ]
+    )
+    assert "runner / bare: 1.05x (**MISSED** (limit 1.02x, over by 0.03))" in text
+    assert "check %: 0.4% (met, < 2%)" in text
+    assert "cpu stand-in: 3 (n/a)" in text

@@ -21,8 +21,8 @@ ON_CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.slow
 
 
-def run_quick(name: str, tmp_path: Path) -> tuple[dict, str]:
-    out = tmp_path / f"{name}.json"
+def run_quick(name: str, folder: Path) -> tuple[dict, str]:
+    out = folder / f"{name}.json"
     proc = subprocess.run(
         [sys.executable, f"bench/{name}.py", "--quick", "--out", str(out)],
         cwd=REPO_ROOT,
@@ -36,13 +36,20 @@ def run_quick(name: str, tmp_path: Path) -> tuple[dict, str]:
     assert payload["command"].startswith(f"python3 bench/{name}.py --quick")
     assert payload["config"]["quick"] is True
     # The table of targets comes last, as every benchmark promises.
-    assert proc.stdout.rstrip().splitlines()[-1].strip(), proc.stdout
     assert "\nTargets\n" in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith(payload["targets"][-1]["name"][:20])
     return payload, proc.stdout
 
 
-def test_decode_quick_times_every_variant_at_every_size(tmp_path: Path) -> None:
-    payload, stdout = run_quick("gpu_decode", tmp_path)
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tuple[dict, str]]]:
+    """The three benchmarks' --quick runs, once for this module, into one results folder."""
+    folder = tmp_path_factory.mktemp("results")
+    return folder, {name: run_quick(name, folder) for name in ("gpu_decode", "gpu_overhead", "gpu_capture")}
+
+
+def test_decode_quick_times_every_variant_at_every_size(quick_results) -> None:
+    payload, stdout = quick_results[1]["gpu_decode"]
     (result,) = payload["results"]
     assert result["model"] == "tiny"
     assert [s["batch"] for s in result["sizes"]] == [1, 2, 4]
@@ -60,8 +67,8 @@ def test_decode_quick_times_every_variant_at_every_size(tmp_path: Path) -> None:
     assert "Decode step, tiny" in stdout
 
 
-def test_overhead_quick_compares_wrapper_variants_to_bare(tmp_path: Path) -> None:
-    payload, _ = run_quick("gpu_overhead", tmp_path)
+def test_overhead_quick_compares_wrapper_variants_to_bare(quick_results) -> None:
+    payload, _ = quick_results[1]["gpu_overhead"]
     rows = {r["variant"]: r for r in payload["results"]}
     assert set(rows) == {
         "bare replay()",
@@ -77,8 +84,8 @@ def test_overhead_quick_compares_wrapper_variants_to_bare(tmp_path: Path) -> Non
     assert goal["value"] == rows["wrapper, always-on check"]["added_us"]
 
 
-def test_capture_quick_reports_times_and_pool_memory_where_it_can(tmp_path: Path) -> None:
-    payload, _ = run_quick("gpu_capture", tmp_path)
+def test_capture_quick_reports_times_and_pool_memory_where_it_can(quick_results) -> None:
+    payload, _ = quick_results[1]["gpu_capture"]
     (result,) = payload["results"]
     assert result["core_capture_s_median"] > 0
     assert len(result["core_capture_s"]) == result["rounds"] >= 1
@@ -90,6 +97,43 @@ def test_capture_quick_reports_times_and_pool_memory_where_it_can(tmp_path: Path
     else:
         assert "memory" not in result
         assert any("pool-memory" in n for n in payload["notes"])
+
+
+def test_summarize_turns_the_results_folder_into_markdown(quick_results) -> None:
+    folder, results = quick_results
+    proc = subprocess.run(
+        [sys.executable, "bench/summarize.py", str(folder)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "| benchmark | command | machine | date (UTC) | figures | targets |"
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in lines[2:5]}
+    assert set(rows) == {"gpu_capture", "gpu_decode", "gpu_overhead"}
+    decode = results["gpu_decode"][0]
+    assert decode["machine"]["date_utc"][:10] in rows["gpu_decode"]
+    assert f"`{decode['command']}`" in rows["gpu_decode"]
+    assert "Decode step, tiny" in proc.stdout
+    assert "| bare replay() |" in proc.stdout
+    # One verdict for the overhead target: met or missed on a GPU, not applicable on a CPU stand-in.
+    verdicts = [word in rows["gpu_overhead"] for word in ("(met", "MISSED", "(n/a)")]
+    assert verdicts.count(True) == 1
+    assert verdicts[2] is not ON_CUDA
+
+
+def test_summarize_refuses_a_folder_without_results(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/summarize.py", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "no benchmark JSON" in proc.stderr
 
 
 def test_run_gpu_continues_past_failures_and_summarises(tmp_path: Path) -> None:

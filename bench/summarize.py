@@ -1,0 +1,238 @@
+"""Turn a folder of benchmark JSON into the Markdown that BENCHMARKS.md holds.
+
+After ``bench/run_gpu.sh bench/results/h200`` this prints, from the JSON alone, one table row per
+benchmark (command, machine, date, headline figures, targets met or missed and by how much) and
+the detail tables of the decode, overhead and capture benchmarks, so that no figure is copied by
+hand. Benchmarks it does not know in detail still get their row from their ``targets``.
+
+    python3 bench/summarize.py bench/results/h200 > /tmp/h200.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+MIB = 2**20
+
+
+def load(folder: Path) -> list[dict[str, Any]]:
+    """Every benchmark JSON in ``folder`` (files that are not one are skipped with a warning)."""
+    payloads = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            payload = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"warning: skipping {path}: {exc}", file=sys.stderr)
+            continue
+        if isinstance(payload, dict) and "benchmark" in payload:
+            payload["_file"] = path.name
+            payloads.append(payload)
+    return payloads
+
+
+def machine_text(machine: dict[str, Any]) -> str:
+    """``NVIDIA H200, CUDA 13.0, torch 2.11.0, Python 3.12.3`` (or the CPU host's fields)."""
+    parts = []
+    if machine.get("gpu"):
+        parts.append(str(machine["gpu"]))
+        if machine.get("cuda"):
+            parts.append(f"CUDA {machine['cuda']}")
+    elif machine.get("platform") or machine.get("processor"):
+        cpus = machine.get("cpu_count")
+        parts.append(f"CPU ({cpus} cores)" if cpus else "CPU")
+    if machine.get("torch"):
+        parts.append(f"torch {machine['torch']}")
+    if machine.get("python"):
+        parts.append(f"Python {machine['python']}")
+    if machine.get("git_commit"):
+        parts.append(f"commit {machine['git_commit']}")
+    return ", ".join(parts) or "unknown"
+
+
+def date_text(payload: dict[str, Any]) -> str:
+    machine = payload.get("machine", {})
+    stamp = machine.get("date_utc") or payload.get("date") or ""
+    return str(stamp)[:10] or "unknown"
+
+
+def target_text(targets: Iterable[dict[str, Any]]) -> str:
+    """Each target as ``name: value (met < limit)`` / ``MISSED by x`` / ``n/a``."""
+    parts = []
+    for t in targets:
+        value, limit, unit = t.get("value"), t.get("limit"), t.get("unit", "")
+        shown = "-" if value is None else f"{_num(value)}{unit.strip()}"
+        if t.get("met") is None:
+            verdict = "n/a"
+        elif t["met"]:
+            verdict = f"met, < {_num(limit)}{unit.strip()}"
+        else:
+            verdict = f"**MISSED** (limit {_num(limit)}{unit.strip()}, over by {_num(value - limit)})"
+        parts.append(f"{t['name']}: {shown} ({verdict})")
+    return "; ".join(parts) or "-"
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 1:
+            return f"{value:.3g}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def headline(payload: dict[str, Any]) -> str:
+    """The few figures a reader wants first, per known benchmark."""
+    name, results = payload["benchmark"], payload.get("results")
+    if name == "gpu_decode" and results:
+        parts = []
+        for r in results:
+            first, last = r["sizes"][0], r["sizes"][-1]
+            base = first["baseline"]
+            worst = max(s["ratio_to_baseline"]["runner"] for s in r["sizes"])
+            text = (
+                f"{r['model']}: {base} {_num(first['variants'][base]['median_ms'])} ms at batch "
+                f"{first['batch']}, {_num(last['variants'][base]['median_ms'])} ms at {last['batch']}; "
+                f"runner+recorder/{base} worst {_num(worst)}x"
+            )
+            for peer in ("eager", "compile"):
+                if peer != base and peer in first["ratio_to_baseline"]:
+                    ratio = _num(first["ratio_to_baseline"][peer])
+                    text += f"; {peer}/{base} {ratio}x at batch {first['batch']}"
+            if "compile" in r:
+                c = r["compile"]
+                text += (
+                    f"; torch.compile captured {c['graphs_captured']} graphs, {c['cudagraph_skips']} skips"
+                )
+            parts.append(text)
+        return "<br>".join(parts)
+    if name == "gpu_overhead" and results:
+        return "; ".join(
+            f"{r['variant']} {_num(r['median_us'])} us (+{_num(r['added_us'])})" for r in results
+        )
+    if name == "gpu_capture" and results:
+        parts = []
+        for r in results:
+            text = f"{r['model']}: capture core {_num(r['core_capture_s_median'])} s"
+            if "bare_capture_s_median" in r:
+                text += f" vs bare {_num(r['bare_capture_s_median'])} s ({_num(r['time_ratio'])}x)"
+            memory = r.get("memory", {}).get("core")
+            if memory:
+                text += (
+                    f"; shared pool {_num(memory['shared_pool_bytes'] / MIB)} MiB, pool per graph "
+                    f"{_num(memory['pool_per_graph_bytes'] / MIB)} MiB, largest alone "
+                    f"{_num(memory['largest_graph_alone_bytes'] / MIB)} MiB"
+                )
+            parts.append(text)
+        return "<br>".join(parts)
+    return "see the JSON" if not payload.get("targets") else "see targets"
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_num(c) if c is not None else "-" for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def details(payload: dict[str, Any]) -> str:
+    """The full tables of the benchmarks written in this folder's style."""
+    name, results = payload["benchmark"], payload.get("results") or []
+    blocks = []
+    if name == "gpu_decode":
+        for r in results:
+            names = list(r["sizes"][0]["variants"])
+            base = r["sizes"][0]["baseline"]
+            rows = [
+                (
+                    s["batch"],
+                    *(s["variants"][n]["median_ms"] for n in names),
+                    *(s["ratio_to_baseline"][n] for n in names if n != base),
+                    s.get("check_host_pct_of_step"),
+                )
+                for s in r["sizes"]
+            ]
+            headers = [
+                "batch",
+                *(f"{n} ms" for n in names),
+                *(f"{n}/{base}" for n in names if n != base),
+                "check %",
+            ]
+            blocks.append(
+                f"Decode step, {r['model']} ({r['params'] / 1e6:.1f}M params)\n\n"
+                + markdown_table(headers, rows)
+            )
+            if "compile" in r and r["compile"]["skip_reasons"]:
+                reasons = "\n".join(f"- `{reason}`" for reason in r["compile"]["skip_reasons"])
+                blocks.append(f"torch.compile skip reasons ({r['model']}):\n\n{reasons}")
+    elif name == "gpu_overhead":
+        rows = [(r["variant"], r["median_us"], r["p10_us"], r["p90_us"], r["added_us"]) for r in results]
+        blocks.append(
+            "Wrapper overhead (host us per call)\n\n"
+            + markdown_table(["variant", "median us", "p10 us", "p90 us", "added us"], rows)
+        )
+    elif name == "gpu_capture":
+        rows = []
+        for r in results:
+            for side, m in r.get("memory", {}).items():
+                rows.append(
+                    (
+                        r["model"],
+                        side,
+                        m["shared_pool_bytes"] / MIB,
+                        m["pool_per_graph_bytes"] / MIB,
+                        m["largest_graph_alone_bytes"] / MIB,
+                        m["shared_over_largest"],
+                    )
+                )
+        if rows:
+            blocks.append(
+                "Graph pool memory (MiB)\n\n"
+                + markdown_table(
+                    ["model", "capture", "shared", "pool per graph", "largest alone", "shared/largest"], rows
+                )
+            )
+    return "\n\n".join(blocks)
+
+
+def summarize(payloads: Sequence[dict[str, Any]]) -> str:
+    rows = [
+        (
+            p["benchmark"],
+            f"`{p.get('command', '?')}`",
+            machine_text(p.get("machine", {})),
+            date_text(p),
+            headline(p),
+            target_text(p.get("targets", [])),
+        )
+        for p in payloads
+    ]
+    text = markdown_table(["benchmark", "command", "machine", "date (UTC)", "figures", "targets"], rows)
+    extra = [d for d in (details(p) for p in payloads) if d]
+    notes = [f"- {p['benchmark']}: {note}" for p in payloads for note in p.get("notes", [])]
+    if notes:
+        extra.append("Notes\n\n" + "\n".join(notes))
+    return "\n\n".join([text, *extra]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="a folder of benchmark JSON (e.g. bench/results/h200)")
+    args = parser.parse_args(argv)
+    if not args.folder.is_dir():
+        print(f"error: {args.folder} is not a folder of benchmark results", file=sys.stderr)
+        return 2
+    payloads = load(args.folder)
+    if not payloads:
+        print(f"error: no benchmark JSON in {args.folder}", file=sys.stderr)
+        return 2
+    print(summarize(payloads), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
