@@ -123,8 +123,14 @@ class InputLayout:
 
     def __init__(self, inputs: Sequence[TensorInput]) -> None:
         self.inputs: tuple[TensorInput, ...] = tuple(inputs)
-        # The replay-time loops: (where, item, address) only, no names, no attribute lookups.
-        self._positional = tuple((i.position, i.item, i.address) for i in inputs if i.keyword is None)
+        # The replay-time loops hold (where, address) only: no names, no attribute lookups. Bare
+        # positional tensors (the common case) get a loop of their own without the item branch.
+        self._bare_positional = tuple(
+            (i.position, i.address) for i in inputs if i.keyword is None and i.item < 0
+        )
+        self._nested_positional = tuple(
+            (i.position, i.item, i.address) for i in inputs if i.keyword is None and i.item >= 0
+        )
         self._keyword = tuple((i.keyword, i.item, i.address) for i in inputs if i.keyword is not None)
 
     @classmethod
@@ -150,9 +156,11 @@ class InputLayout:
     def find_drift(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Drift]:
         """Every input not at its captured address; an empty list (the common case) costs one loop."""
         try:
-            for position, item, address in self._positional:
-                value = args[position] if item < 0 else args[position][item]
-                if value.data_ptr() != address:
+            for position, address in self._bare_positional:
+                if args[position].data_ptr() != address:
+                    return self._drifts(args, kwargs)
+            for position, item, address in self._nested_positional:
+                if args[position][item].data_ptr() != address:
                     return self._drifts(args, kwargs)
             for keyword, item, address in self._keyword:
                 value = kwargs[keyword] if item < 0 else kwargs[keyword][item]

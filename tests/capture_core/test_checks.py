@@ -161,3 +161,23 @@ def test_a_drifted_list_item_is_named_with_its_index(runtime, observer):
     (event,) = observer.violations
     assert event.input_name == "kv_caches[3]"
     assert event.expected_address == caches[3].data_ptr() and event.actual_address == moved[3].data_ptr()
+
+
+def test_find_drift_covers_bare_nested_and_keyword_inputs():
+    t = [torch.zeros(1) for _ in range(5)]
+    layout = InputLayout.record(ParameterNames(("a", "b")), (t[0], [t[1], t[2]]), {"c": t[3], "d": (t[4],)})
+    assert layout.find_drift((t[0], [t[1], t[2]]), {"c": t[3], "d": (t[4],)}) == []
+    moved = [x.clone() for x in t]
+    for index, call in enumerate(
+        [
+            ((moved[0], [t[1], t[2]]), {"c": t[3], "d": (t[4],)}),
+            ((t[0], [t[1], moved[2]]), {"c": t[3], "d": (t[4],)}),
+            ((t[0], [t[1], t[2]]), {"c": moved[3], "d": (t[4],)}),
+            ((t[0], [t[1], t[2]]), {"c": t[3], "d": (moved[4],)}),
+        ]
+    ):
+        (drift,) = layout.find_drift(*call)
+        name = ["a", "b[1]", "c", "d[0]"][index]
+        number = [0, 2, 3, 4][index]
+        expected = (name, t[number].data_ptr(), moved[number].data_ptr())
+        assert (drift.name, drift.expected, drift.actual) == expected
