@@ -47,6 +47,9 @@ from inspector.writer import RunInfo, RunWriter
 
 log = logging.getLogger("graph_inspector.recorder")
 
+ReplayKey = tuple[Any, int, "int | None", bool, bool, int, int]
+"""(mode value, the descriptor's five fields in order, real token count)."""
+
 FIRST_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 5.0
 
@@ -92,7 +95,7 @@ class Recorder:
             started_at=time.time(),
         )
         # Hot-path counters, written by the engine thread only: key -> [count].
-        self._replays: dict[tuple[Any, BatchDescriptor, int], list[int]] = {}
+        self._replays: dict[ReplayKey, list[int]] = {}
         self._eager: dict[tuple[str, Any, int], list[int]] = {}
         # Rare events, appended by the engine, drained by the flush thread.
         self._capture_queue: deque[CaptureEvent] = deque()
@@ -104,7 +107,7 @@ class Recorder:
         self._pending_captures: list[CaptureEvent] = []
         self._pending_violations: dict[ViolationKey, PendingViolation] = {}
         self._all_captures: list[CaptureEvent] = []
-        self._committed_replays: dict[tuple[Any, BatchDescriptor, int], int] = {}
+        self._committed_replays: dict[ReplayKey, int] = {}
         self._committed_eager: dict[tuple[str, Any, int], int] = {}
         self._window_start = time.time()
         self._backend: str | None = None
@@ -124,8 +127,21 @@ class Recorder:
     # ------------------------------------------------------------------ the observer protocol
 
     def on_replay(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int) -> None:
-        """Hot path: one dict lookup and one integer bump."""
-        key = (mode._value_, descriptor, num_real_tokens)
+        """Hot path: one dict lookup and one integer bump.
+
+        The key spells out the descriptor's fields: hashing and comparing a tuple of ints is done in
+        C, while the dataclass's own ``__hash__``/``__eq__`` are Python calls that would cost more
+        than everything else here (a dispatcher hands over a new, equal descriptor every batch).
+        """
+        key = (
+            mode._value_,
+            descriptor.num_tokens,
+            descriptor.num_reqs,
+            descriptor.uniform,
+            descriptor.has_lora,
+            descriptor.num_active_loras,
+            num_real_tokens,
+        )
         try:
             self._replays[key][0] += 1
         except KeyError:
@@ -365,8 +381,11 @@ class Recorder:
             delta = count - self._committed_replays.get(key, 0)
             if delta <= 0:
                 continue
-            mode_value, descriptor, real = key
+            mode_value, tokens, reqs, uniform, has_lora, loras, real = key
             mode = modes.get(mode_value) or modes.setdefault(mode_value, CUDAGraphMode(mode_value))
+            descriptor = BatchDescriptor(
+                num_tokens=tokens, num_reqs=reqs, uniform=uniform, has_lora=has_lora, num_active_loras=loras
+            )
             gkey: GraphKey = graph_key(mode, descriptor)
             entry = traffic.replays.get(gkey)
             if entry is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, insert, update
+from sqlalchemy import Connection, bindparam, insert, update
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent
@@ -86,8 +86,8 @@ class _Staged:
     graph_ids: dict[GraphKey, int] = field(default_factory=dict)
     violation_ids: dict[ViolationKey, int] = field(default_factory=dict)
     violation_last_seen: dict[ViolationKey, float] = field(default_factory=dict)
-    replay_total_ids: dict[GraphKey, int] = field(default_factory=dict)
-    eager_total_ids: dict[tuple[str, str], int] = field(default_factory=dict)
+    replay_totals: set[GraphKey] = field(default_factory=set)
+    eager_totals: set[tuple[str, str]] = field(default_factory=set)
 
 
 class RunWriter:
@@ -100,8 +100,9 @@ class RunWriter:
         self.graph_ids: dict[GraphKey, int] = {}
         self.violation_ids: dict[ViolationKey, int] = {}
         self.violation_last_seen: dict[ViolationKey, float] = {}
-        self.replay_total_ids: dict[GraphKey, int] = {}
-        self.eager_total_ids: dict[tuple[str, str], int] = {}
+        self.replay_totals: set[GraphKey] = set()
+        """Graph keys whose running-total row exists (it is then bumped by its unique key)."""
+        self.eager_totals: set[tuple[str, str]] = set()
 
     def create_run(self, now: float, backend: str | None) -> int:
         """Insert the run row now (start() does this so the run shows up before any traffic)."""
@@ -134,8 +135,8 @@ class RunWriter:
         self.graph_ids.update(staged.graph_ids)
         self.violation_ids.update(staged.violation_ids)
         self.violation_last_seen.update(staged.violation_last_seen)
-        self.replay_total_ids.update(staged.replay_total_ids)
-        self.eager_total_ids.update(staged.eager_total_ids)
+        self.replay_totals |= staged.replay_totals
+        self.eager_totals |= staged.eager_totals
 
     def _ensure_run(self, conn: Connection, staged: _Staged, now: float, backend: str | None) -> int:
         if self.run_id is not None:
@@ -206,92 +207,88 @@ class RunWriter:
     def _write_traffic(
         self, conn: Connection, staged: _Staged, run_id: int, batch: FlushBatch, now: float
     ) -> None:
+        """Append this window's rows and bump the running totals: a few executemany statements."""
         traffic = batch.traffic
         start, end = traffic.window_start, traffic.window_end
-        windows = []
+        windows, new_totals, bumps = [], [], []
         for key, delta in traffic.replays.items():
             graph_id = self._graph_id(staged, key)
+            counts = {
+                "replays": delta.replays,
+                "real_tokens": delta.real_tokens,
+                "padded_tokens": delta.padded_tokens,
+            }
+            described = descriptor_values(delta.mode, delta.descriptor)
             windows.append(
-                {
-                    "run_id": run_id,
-                    "graph_id": graph_id,
-                    "window_start": start,
-                    "window_end": end,
-                    "replays": delta.replays,
-                    "real_tokens": delta.real_tokens,
-                    "padded_tokens": delta.padded_tokens,
-                    **descriptor_values(delta.mode, delta.descriptor),
-                }
+                {"run_id": run_id, "graph_id": graph_id, "window_start": start, "window_end": end}
+                | counts
+                | described
             )
-            total_id = self.replay_total_ids.get(key)
-            if total_id is None:
-                staged.replay_total_ids[key] = conn.execute(
-                    insert(ReplayTotal)
-                    .values(
-                        run_id=run_id,
-                        graph_id=graph_id,
-                        replays=delta.replays,
-                        real_tokens=delta.real_tokens,
-                        padded_tokens=delta.padded_tokens,
-                        updated_at=now,
-                        **descriptor_values(delta.mode, delta.descriptor),
-                    )
-                    .returning(ReplayTotal.id)
-                ).scalar_one()
-            else:
-                conn.execute(
-                    update(ReplayTotal)
-                    .where(ReplayTotal.id == total_id)
-                    .values(
-                        graph_id=graph_id,
-                        replays=ReplayTotal.replays + delta.replays,
-                        real_tokens=ReplayTotal.real_tokens + delta.real_tokens,
-                        padded_tokens=ReplayTotal.padded_tokens + delta.padded_tokens,
-                        updated_at=now,
-                    )
+            if key in self.replay_totals or key in staged.replay_totals:
+                bumps.append(
+                    {"k_run": run_id, "k_mode": key[0], "k_key": key[1], "k_graph": graph_id, "k_now": now}
+                    | {f"d_{name}": value for name, value in counts.items()}
                 )
+            else:
+                new_totals.append(
+                    {"run_id": run_id, "graph_id": graph_id, "updated_at": now} | counts | described
+                )
+                staged.replay_totals.add(key)
         if windows:
             conn.execute(insert(ReplayWindow), windows)
-
-        fallbacks = []
-        for (reason, mode), (batches, tokens) in traffic.eager.items():
-            fallbacks.append(
-                {
-                    "run_id": run_id,
-                    "window_start": start,
-                    "window_end": end,
-                    "reason": reason,
-                    "mode": mode,
-                    "batches": batches,
-                    "tokens": tokens,
-                }
-            )
-            total_id = self.eager_total_ids.get((reason, mode))
-            if total_id is None:
-                staged.eager_total_ids[(reason, mode)] = conn.execute(
-                    insert(EagerTotal)
-                    .values(
-                        run_id=run_id,
-                        reason=reason,
-                        mode=mode,
-                        batches=batches,
-                        tokens=tokens,
-                        updated_at=now,
-                    )
-                    .returning(EagerTotal.id)
-                ).scalar_one()
-            else:
-                conn.execute(
-                    update(EagerTotal)
-                    .where(EagerTotal.id == total_id)
-                    .values(
-                        batches=EagerTotal.batches + batches,
-                        tokens=EagerTotal.tokens + tokens,
-                        updated_at=now,
-                    )
+        if new_totals:
+            conn.execute(insert(ReplayTotal), new_totals)
+        if bumps:
+            t = ReplayTotal
+            conn.execute(
+                update(t)
+                .where(
+                    t.run_id == bindparam("k_run"),
+                    t.mode == bindparam("k_mode"),
+                    t.descriptor_key == bindparam("k_key"),
                 )
+                .values(
+                    graph_id=bindparam("k_graph"),
+                    replays=t.replays + bindparam("d_replays"),
+                    real_tokens=t.real_tokens + bindparam("d_real_tokens"),
+                    padded_tokens=t.padded_tokens + bindparam("d_padded_tokens"),
+                    updated_at=bindparam("k_now"),
+                ),
+                bumps,
+            )
+
+        fallbacks, new_eager, eager_bumps = [], [], []
+        for (reason, mode), (batches, tokens) in traffic.eager.items():
+            row = {"run_id": run_id, "reason": reason, "mode": mode, "batches": batches, "tokens": tokens}
+            fallbacks.append(row | {"window_start": start, "window_end": end})
+            if (reason, mode) in self.eager_totals or (reason, mode) in staged.eager_totals:
+                eager_bumps.append(
+                    {"k_run": run_id, "k_reason": reason, "k_mode": mode, "k_now": now}
+                    | {"d_batches": batches, "d_tokens": tokens}
+                )
+            else:
+                new_eager.append(row | {"updated_at": now})
+                staged.eager_totals.add((reason, mode))
         if fallbacks:
             conn.execute(insert(EagerFallback), fallbacks)
+        if new_eager:
+            conn.execute(insert(EagerTotal), new_eager)
+        if eager_bumps:
+            e = EagerTotal
+            conn.execute(
+                update(e)
+                .where(
+                    e.run_id == bindparam("k_run"),
+                    e.reason == bindparam("k_reason"),
+                    e.mode == bindparam("k_mode"),
+                )
+                .values(
+                    batches=e.batches + bindparam("d_batches"),
+                    tokens=e.tokens + bindparam("d_tokens"),
+                    updated_at=bindparam("k_now"),
+                ),
+                eager_bumps,
+            )
 
         sizes = [
             {"run_id": run_id, "window_start": start, "num_tokens": size, "batches": batches}
