@@ -26,6 +26,7 @@ import gc
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from bench.common import (
 )
 from capture_core.backends import CudaGraphBackend, EagerBackend, pool_reserved_bytes
 from capture_core.checks import AddressCheckMode
+from capture_core.events import GraphObserver
 from capture_core.model import ModelConfig, ReferenceDecoder
 from capture_core.modes import CUDAGraphMode
 from capture_core.runner import DecodeRunner
@@ -67,30 +69,38 @@ def free_cuda_memory() -> None:
 
 
 def core_capture(
-    model: ReferenceDecoder, sizes: list[int], device: torch.device, *, shared_pool: bool = True
+    model: ReferenceDecoder,
+    sizes: list[int],
+    device: torch.device,
+    recorder: GraphObserver,
+    *,
+    shared_pool: bool = True,
 ) -> dict[str, Any]:
-    """Capture every bucket through the capture core; seconds and pool bytes (per graph and total)."""
+    """Capture every bucket through the capture core; seconds and pool bytes (per graph and total).
+
+    Each call is a fresh runtime and runner (a runtime has one capture phase), recording into the
+    model's one recorder, as a restarted engine would.
+    """
     if device.type == "cuda":
         backend: Any = CudaGraphBackend(shared_pool=shared_pool)
     else:
         backend = EagerBackend()
-    with temporary_recorder("bench gpu_capture") as recorder:
-        runtime = GraphRuntime(
-            backend, address_check=AddressCheckMode.ALWAYS_ON, observer=recorder, progress=False
-        )
-        runner = DecodeRunner(model, runtime, sizes, mode=CUDAGraphMode.FULL)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        runner.capture()
-        seconds = time.perf_counter() - started
-        per_graph = {d.num_tokens: e.pool_bytes for d, e in runner.graphs.items()}
-        result: dict[str, Any] = {"seconds": seconds, "graph_pool_bytes": per_graph}
-        if device.type == "cuda":
-            pools = {tuple(e.graph.pool) for e in runner.graphs.values()}
-            result["pool_bytes_total"] = sum(pool_reserved_bytes(p) for p in pools)
-            result["pools"] = len(pools)
-        del runner, runtime
+    runtime = GraphRuntime(
+        backend, address_check=AddressCheckMode.ALWAYS_ON, observer=recorder, progress=False
+    )
+    runner = DecodeRunner(model, runtime, sizes, mode=CUDAGraphMode.FULL)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    runner.capture()
+    seconds = time.perf_counter() - started
+    per_graph = {d.num_tokens: e.pool_bytes for d, e in runner.graphs.items()}
+    result: dict[str, Any] = {"seconds": seconds, "graph_pool_bytes": per_graph}
+    if device.type == "cuda":
+        pools = {tuple(e.graph.pool) for e in runner.graphs.values()}
+        result["pool_bytes_total"] = sum(pool_reserved_bytes(p) for p in pools)
+        result["pools"] = len(pools)
+    del runner, runtime
     free_cuda_memory()
     return result
 
@@ -120,6 +130,13 @@ def measure_model(
     name: str, sizes: list[int], device: torch.device, max_rounds: int, seconds: float
 ) -> tuple[dict[str, Any], list[str]]:
     """Timed rounds (as many as fit in ``seconds``, up to ``max_rounds``), then the memory figures."""
+    with ExitStack() as stack:
+        return _measure_model(stack, name, sizes, device, max_rounds, seconds)
+
+
+def _measure_model(
+    stack: ExitStack, name: str, sizes: list[int], device: torch.device, max_rounds: int, seconds: float
+) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     config = getattr(ModelConfig, name)(dtype=dtype, device=str(device))
@@ -132,9 +149,10 @@ def measure_model(
     print(f"\n== {name}: {result['params'] / 1e6:.1f}M parameters, buckets {sizes}", flush=True)
     on_cuda = device.type == "cuda"
     kv_cache = model.new_kv_cache() if on_cuda else None
+    recorder = stack.enter_context(temporary_recorder(f"bench gpu_capture {name}"))
 
     # Untimed: the process's first kernel loads and cuBLAS handles land here, not in round one.
-    warm = core_capture(model, sizes, device)["seconds"]
+    warm = core_capture(model, sizes, device, recorder)["seconds"]
     # A round captures twice (core and bare); the memory figures after the rounds take four captures.
     rounds = Budget.reps_for(seconds - 4 * warm, 2 * warm, floor=1, ceiling=max_rounds)
     result["rounds"] = rounds
@@ -143,7 +161,7 @@ def measure_model(
         order = ("bare", "core") if index % 2 == 0 else ("core", "bare")
         for side in order:
             if side == "core":
-                core_seconds.append(core_capture(model, sizes, device)["seconds"])
+                core_seconds.append(core_capture(model, sizes, device, recorder)["seconds"])
             elif on_cuda:
                 bare_seconds.append(bare_capture(model, kv_cache, sizes)["seconds"])
     result["core_capture_s"] = core_seconds
@@ -152,8 +170,8 @@ def measure_model(
         result["bare_capture_s"] = bare_seconds
         result["bare_capture_s_median"] = statistics.median(bare_seconds)
         result["time_ratio"] = result["core_capture_s_median"] / result["bare_capture_s_median"]
-        core_shared = core_capture(model, sizes, device, shared_pool=True)
-        core_separate = core_capture(model, sizes, device, shared_pool=False)
+        core_shared = core_capture(model, sizes, device, recorder, shared_pool=True)
+        core_separate = core_capture(model, sizes, device, recorder, shared_pool=False)
         bare_shared = bare_capture(model, kv_cache, sizes, shared_pool=True)
         bare_separate = bare_capture(model, kv_cache, sizes, shared_pool=False)
         largest = max(sizes)
