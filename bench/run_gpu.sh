@@ -19,18 +19,18 @@ mkdir -p "$out"
 
 # name|hard limit in seconds (empty: BENCH_TIMEOUT_S)|arguments. The whole set must finish in under
 # 8 minutes on one H200. Benchmarks built on bench/common.py take --budget-s and cut repetitions to
-# fit it (never sizes); the budgets below add up to about 6 minutes, leaving room for start-up,
+# fit it (never sizes); the budgets below add up to 6 minutes, leaving room for start-up,
 # model builds and compiles. The decode benchmark's torch.compile peer runs on the small model only
 # here, because its two compiles per model take the most time of the set; for the large model run
 # `python3 bench/gpu_decode.py --models large --compile-models large` on its own.
 benches=(
-  "gpu_decode|300|--budget-s 130 --compile-models small"
-  "gpu_capture|120|--budget-s 40"
-  "gpu_overhead|60|--budget-s 15"
-  "gpu_core|180|--budget-s 60"
-  "gpu_piecewise|180|--budget-s 60"
-  "gpu_ubatch|180|--budget-s 50"
-  "gpu_watch||"
+  "gpu_decode|300|--budget-s 120 --compile-models small"
+  "gpu_capture|120|--budget-s 35"
+  "gpu_overhead|60|--budget-s 10"
+  "gpu_core|180|--budget-s 50"
+  "gpu_piecewise|180|--budget-s 50"
+  "gpu_ubatch|180|--budget-s 40"
+  "gpu_watch|240|--budget-s 50"
 )
 
 {
