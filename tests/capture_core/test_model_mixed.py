@@ -62,7 +62,7 @@ def test_a_mix_of_decodes_prefill_chunks_and_a_fresh_prompt(model: ReferenceDeco
     _check_mixed_equals_one_by_one(model, contexts, new_tokens, pad_to=16)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     requests=st.lists(
         st.tuples(
