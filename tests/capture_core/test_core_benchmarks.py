@@ -1,0 +1,48 @@
+"""The capture core's benchmark scripts, run as real processes in their quick/small forms."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_script(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_gpu_core_quick_records_every_section(tmp_path):
+    out = tmp_path / "gpu_core.json"
+    stdout = run_script("bench/gpu_core.py", "--quick", "--out", str(out))
+    payload = json.loads(out.read_text())
+    results = payload["results"]
+    assert payload["benchmark"] == "gpu_core" and payload["config"]["quick"] is True
+    assert [g["bucket"] for g in results["per_graph"]] == [1, 2, 4]
+    assert all(g["capture_s"] > 0 for g in results["per_graph"])
+    assert {r["bucket"] for r in results["replay_vs_eager"]} == {1, 2, 4}
+    assert all(r["max_abs_err_same_padded_inputs"] <= 1e-4 for r in results["replay_vs_eager"])
+    assert [r["bucket"] for r in results["check_cost_per_step"]] == [1, 2, 4]
+    assert all(h["inputs_checked"] == 4 for h in results["wrapper_host_cost"])
+    if payload["config"]["backend"] == "eager":
+        assert results["memory"] == {} and any("needs a CUDA device" in n for n in payload["notes"])
+    assert "Replay vs eager" in stdout and "Targets" in stdout
+
+
+def test_check_cost_times_the_check_over_the_runner_inputs(tmp_path):
+    out = tmp_path / "check_cost.json"
+    stdout = run_script("bench/check_cost.py", "--calls", "500", "--repeats", "3", "--out", str(out))
+    rows = {r["what"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["runner graph inputs"]["inputs"] == 4
+    assert rows["kv_caches list of 80 layers"]["inputs"] == 83
+    assert rows["wrapper call, check ALWAYS_ON (replay stubbed)"]["check_ns_per_call"] is not None
+    assert "Always-on address check" in stdout
