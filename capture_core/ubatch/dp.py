@@ -120,11 +120,16 @@ def _default_device(group: dist.ProcessGroup | None) -> torch.device:
 def _decide(table: torch.Tensor, num_ubatches: int, rank: int) -> DPCoordination:
     rows = table.tolist()
     mode = CUDAGraphMode(min(rows[_MODE]))
-    should_ubatch = all(rows[_WANTS_UBATCH]) and not is_last_ubatch_empty(
-        min(rows[_REAL]), max(rows[_PADDED]), num_ubatches
+    padded = max(rows[_PADDED])
+    # Every ubatch needs a token of its own (a stride of 0 would leave the first ubatch empty) and
+    # the smallest rank's real tokens must reach past the last split point.
+    should_ubatch = (
+        all(rows[_WANTS_UBATCH])
+        and padded // num_ubatches > 0
+        and not is_last_ubatch_empty(min(rows[_REAL]), padded, num_ubatches)
     )
     if mode is not CUDAGraphMode.NONE or should_ubatch:
-        across = (max(rows[_PADDED]),) * len(rows[_PADDED])
+        across = (padded,) * len(rows[_PADDED])
     else:
         across = tuple(rows[_PADDED])
     return DPCoordination(should_ubatch, mode, across, rank)

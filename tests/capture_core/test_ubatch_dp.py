@@ -164,6 +164,10 @@ def test_single_rank_applies_the_same_rules_locally() -> None:
         20, num_tokens_padded=48, ubatch_config=DBO, uniform_decode=True, mode=FULL
     )
     assert not agreed.should_ubatch and agreed.num_tokens_after_padding == 48
+    # One token cannot be split in two, even with thresholds that would allow it.
+    tiny = UBatchConfig(enabled=True, decode_token_threshold=0)
+    assert not coordinate_batch_across_dp(1, ubatch_config=tiny, uniform_decode=True, mode=FULL).should_ubatch
+    assert coordinate_batch_across_dp(2, ubatch_config=tiny, uniform_decode=True, mode=FULL).should_ubatch
     # Off by default.
     assert not coordinate_batch_across_dp(400, mode=PIECEWISE).should_ubatch
 

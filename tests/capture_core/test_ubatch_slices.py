@@ -25,7 +25,7 @@ def steps(draw: st.DrawFn) -> tuple[list[int], int, int, int]:
     total = sum(counts)
     padded = total + draw(st.integers(0, 64))
     reqs_padded = len(counts) + draw(st.integers(0, 8))
-    assume(not is_last_ubatch_empty(total, padded, num_ubatches))
+    assume(padded // num_ubatches > 0 and not is_last_ubatch_empty(total, padded, num_ubatches))
     return counts, padded, reqs_padded, num_ubatches
 
 
@@ -134,7 +134,10 @@ def test_last_ubatch_empty_matches_the_slicing(orig: int, extra: int, n: int) ->
     empty = is_last_ubatch_empty(orig, padded, n)
     assert empty == ((padded // n) * (n - 1) >= orig)
     if orig > 0:
-        if empty:
+        if padded // n == 0:  # fewer padded tokens than ubatches: the first ubatch would be empty
+            with pytest.raises(ValueError, match="stride must be positive"):
+                maybe_create_ubatch_slices(True, [1] * orig, padded, orig, n)
+        elif empty:
             with pytest.raises(ValueError, match="last ubatch would hold no real token"):
                 maybe_create_ubatch_slices(True, [1] * orig, padded, orig, n)
         else:
