@@ -243,6 +243,7 @@ def main() -> int:
         targets=targets,
         notes=notes,
     )
+    print(f"results written to {args.out}")
     common.print_table(
         "Hot path, ns per replay event (median of rounds)",
         ("variant", "median ns", "min ns", "x bare"),
@@ -262,7 +263,6 @@ def main() -> int:
         ],
     )
     common.print_targets(targets)
-    print(f"\nresults written to {args.out}")
     return 0
 
 
