@@ -144,16 +144,17 @@ def run(args: argparse.Namespace) -> int:
             f"and memory addresses. Pass --token (or set {TOKEN_ENV}), or use the default host."
         )
 
-    import torch
-
-    from capture_core.traffic import TraceError
-    from inspector.recorder import Recorder
     from inspector.store import open_store, resolve_url
 
-    backend = _choose_backend(args.backend, torch)
     url = resolve_url(args.db)
     store = open_store(url, upgrade=True)  # a bad or unwritable database fails here, before any work
     try:
+        import torch
+
+        from capture_core.traffic import TraceError
+        from inspector.recorder import Recorder
+
+        backend = _choose_backend(args.backend, torch)
         trace = _load_trace(TraceError)
         runner, model_name = _build_runner(args, backend, torch)
         config = _run_config(args, backend, model_name, runner, trace.source)
