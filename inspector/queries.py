@@ -3,9 +3,9 @@
 Answers are plain JSON-ready dictionaries, so that a page and its JSON twin are built from the same
 data. Times are UNIX epoch seconds, memory is bytes, ratios are 0..1 (None when there is nothing to
 divide). Traffic totals come from the recorder's running-totals tables (the same rows the Prometheus
-collector reads, so pages and metrics agree); traffic over time and the batch-size histogram from
-the in-memory ``Rollup`` (see ``inspector.rollup``); everything else is an indexed query over small
-result sets.
+collector reads, so pages and metrics agree); traffic over time, the batch-size histogram and the
+violation counts from the in-memory ``Rollup`` (see ``inspector.rollup``); everything else is an
+indexed query over small result sets.
 """
 
 from __future__ import annotations
@@ -181,16 +181,6 @@ class Queries:
                 .where(*graph_filter)
                 .order_by(Graph.num_tokens, Graph.id)
             ).all()
-            violation_filter = [] if run_id is None else [Violation.run_id == run_id]
-            # Counted from the (kind, first_seen_at) index alone: summing ``count`` would read every
-            # row's message and stack, several times slower on a large table.
-            kinds = dict(
-                session.execute(
-                    select(Violation.kind, func.count(Violation.id))
-                    .where(*violation_filter)
-                    .group_by(Violation.kind)
-                ).all()
-            )
             run_query = select(Run) if run_id is None else select(Run).where(Run.id == run_id)
             runs = session.scalars(run_query).all()
             live = [r.id for r in runs if self._is_live(r)]
@@ -198,6 +188,7 @@ class Queries:
             eager = _eager_by(session, EagerTotal.reason, EagerTotal.mode, run_ids=scope)
             traffic.eager_batches = sum(batches for batches, _ in eager.values())
             by_size = _traffic_by(session, ReplayTotal.num_tokens, ReplayTotal.mode, run_ids=scope)
+        kinds = self.rollup.findings(scope)
         return {
             "run": run_id,
             "runs": {"total": len(runs), "live": live},

@@ -3,23 +3,26 @@
 Totals per graph key come from the recorder's running-totals tables, but the overview's charts need
 traffic *over time* and the batch-size histogram: sums over every replay window (a million rows is
 an ordinary week of a busy engine), and a full scan costs far more than a page may take. The
-recorder only ever *appends* replay windows, eager-fallback windows and batch-size counts, so the
+recorder only ever *appends* replay windows, eager-fallback windows, batch-size counts and new
+violation findings (a repeat bumps a finding's count, never the number of rows), so the
 daemon reads each row once: every refresh sums, in the database, the rows whose id is above the
-last one folded (grouped by run and time bucket, or by run and batch size) and adds those few sums
-to small dictionaries. A refresh that finds nothing new costs three indexed ``max(id)`` look-ups.
-When rows disappear (a run was deleted, the database was replaced) the series are rebuilt.
+last one folded (grouped by run and time bucket, by run and batch size, by run and violation kind)
+and adds those few sums to small dictionaries. A refresh that finds nothing new costs four indexed
+``max(id)`` look-ups. When rows disappear (a run was deleted, the database was replaced) everything
+is rebuilt.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, cast, func, select
 
-from inspector.models import BatchSizeCount, EagerFallback, ReplayWindow, Run
+from inspector.models import BatchSizeCount, EagerFallback, ReplayWindow, Run, Violation
 
 
 @dataclass
@@ -84,13 +87,16 @@ class RunTraffic:
     series: TimeBuckets
     batch_sizes: dict[int, int]
     """real token count -> batches."""
+    findings: dict[str, int]
+    """violation kind -> distinct findings (rows: a repeat bumps a row's count, not the rows)."""
 
 
 class Rollup:
-    """Traffic over time (replay and eager windows) and batch-size counts, per run.
+    """Traffic over time (replay and eager windows), batch-size counts and violation findings, per run.
 
-    Thread-safe: the daemon's request threads share one instance; ``refresh`` folds under a lock
-    and readers receive copies.
+    Thread-safe: the daemon's request threads share one instance; ``refresh`` folds under a lock.
+    Readers' answers are memoised until the next refresh that folds anything, and are shared: treat
+    them as read-only.
     """
 
     def __init__(self, engine: Engine, *, max_buckets: int = 1024) -> None:
@@ -100,14 +106,17 @@ class Rollup:
         self._reset()
 
     def _reset(self) -> None:
-        self._last_ids = {"replay": 0, "eager": 0, "sizes": 0}
+        self._last_ids = {"replay": 0, "eager": 0, "sizes": 0, "violations": 0}
         self._runs: dict[int, RunTraffic] = {}
         self._known_run_ids: set[int] = set()
+        self._memo: dict[tuple, Any] = {}
 
     def _run(self, run_id: int) -> RunTraffic:
         found = self._runs.get(run_id)
         if found is None:
-            found = self._runs[run_id] = RunTraffic(TimeBuckets(self.max_buckets), defaultdict(int))
+            found = self._runs[run_id] = RunTraffic(
+                TimeBuckets(self.max_buckets), defaultdict(int), defaultdict(int)
+            )
         return found
 
     def refresh(self) -> None:
@@ -118,16 +127,21 @@ class Rollup:
                 "replay": conn.scalar(select(func.max(ReplayWindow.id))) or 0,
                 "eager": conn.scalar(select(func.max(EagerFallback.id))) or 0,
                 "sizes": conn.scalar(select(func.max(BatchSizeCount.id))) or 0,
+                "violations": conn.scalar(select(func.max(Violation.id))) or 0,
             }
             vanished = self._known_run_ids - run_ids
             if vanished or any(maxima[name] < last for name, last in self._last_ids.items()):
                 self._reset()
+            if maxima == self._last_ids and run_ids == self._known_run_ids:
+                return
+            self._memo.clear()
             self._known_run_ids = run_ids
             if maxima["replay"] > self._last_ids["replay"] or maxima["eager"] > self._last_ids["eager"]:
                 grain = self._grain(conn)
                 self._fold_replays(conn, maxima["replay"], grain)
                 self._fold_eager(conn, maxima["eager"], grain)
             self._fold_batch_sizes(conn, maxima["sizes"])
+            self._fold_findings(conn, maxima["violations"])
             self._last_ids = maxima
 
     def _grain(self, conn: Connection) -> float:
@@ -172,7 +186,22 @@ class Rollup:
         ):
             self._run(run_id).batch_sizes[size] += batches
 
-    # Readers: each returns fresh objects, safe to use after the lock is released.
+    def _fold_findings(self, conn: Connection, upto: int) -> None:
+        v = Violation
+        for run_id, kind, rows in conn.execute(
+            select(v.run_id, v.kind, func.count(v.id))
+            .where(v.id > self._last_ids["violations"], v.id <= upto)
+            .group_by(v.run_id, v.kind)
+        ):
+            self._run(run_id).findings[kind] += rows
+
+    # Readers: memoised per scope until the next refresh folds new rows.
+
+    def _memoised(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key not in self._memo:
+                self._memo[key] = compute()
+            return self._memo[key]
 
     def _selected(self, run_ids: Iterable[int] | None) -> list[RunTraffic]:
         if run_ids is None:
@@ -180,27 +209,51 @@ class Rollup:
         return [self._runs[r] for r in run_ids if r in self._runs]
 
     def batch_sizes(self, run_ids: Iterable[int] | None = None) -> dict[int, int]:
-        with self._lock:
+        """real token count -> batches, ascending."""
+        scope = _scope(run_ids)
+
+        def compute() -> dict[int, int]:
             merged: dict[int, int] = defaultdict(int)
-            for run in self._selected(run_ids):
+            for run in self._selected(scope):
                 for size, batches in run.batch_sizes.items():
                     merged[size] += batches
             return dict(sorted(merged.items()))
 
+        return self._memoised(("batch_sizes", scope), compute)
+
+    def findings(self, run_ids: Iterable[int] | None = None) -> dict[str, int]:
+        """violation kind -> distinct findings."""
+        scope = _scope(run_ids)
+
+        def compute() -> dict[str, int]:
+            merged: dict[str, int] = defaultdict(int)
+            for run in self._selected(scope):
+                for kind, rows in run.findings.items():
+                    merged[kind] += rows
+            return dict(sorted(merged.items()))
+
+        return self._memoised(("findings", scope), compute)
+
     def series(self, run_ids: Iterable[int] | None = None, points: int = 120) -> list[tuple[float, Traffic]]:
         """Traffic over time as at most about ``points`` (bucket start, traffic) pairs, oldest first."""
-        with self._lock:
-            runs = [r for r in self._selected(run_ids) if r.series.buckets]
-            if not runs:
-                return []
-            starts = [i * r.series.width for r in runs for i in r.series.buckets]
-            first, last = min(starts), max(starts)
-            width = max(max(r.series.width for r in runs), (last - first) / points or 1.0)
-            merged: dict[int, Traffic] = defaultdict(Traffic)
-            for run in runs:
-                for index, traffic in run.series.buckets.items():
-                    merged[int((index * run.series.width - first) // width)].add(traffic)
-            return [(first + i * width, merged[i]) for i in sorted(merged)]
+        scope = _scope(run_ids)
+        return self._memoised(("series", scope, points), lambda: self._series(scope, points))
+
+    def _series(self, scope: tuple[int, ...] | None, points: int) -> list[tuple[float, Traffic]]:
+        runs = [r for r in self._selected(scope) if r.series.buckets]
+        if not runs:
+            return []
+        starts = [i * r.series.width for r in runs for i in r.series.buckets]
+        first, last = min(starts), max(starts)
+        width = max(max(r.series.width for r in runs), (last - first) / points or 1.0)
+        merged: dict[int, Traffic] = defaultdict(Traffic)
+        for run in runs:
+            for index, traffic in run.series.buckets.items():
+                merged[int((index * run.series.width - first) // width)].add(traffic)
+        return [(first + i * width, merged[i]) for i in sorted(merged)]
+
+def _scope(run_ids: Iterable[int] | None) -> tuple[int, ...] | None:
+    return None if run_ids is None else tuple(sorted(run_ids))
 
 
 def _bucket(conn: Connection, column: ColumnElement[float], grain: float) -> ColumnElement[int]:

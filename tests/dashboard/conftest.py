@@ -17,7 +17,7 @@ from flask.testing import FlaskClient
 
 from dashboard.app import create_app
 from dashboard.sample import seed_sample
-from inspector.store import open_store
+from inspector.store import Store, open_store
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +35,14 @@ def seeded_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
 def db_url(tmp_path: Path) -> str:
     """An empty database's URL (the store creates and migrates it on first open)."""
     return f"sqlite:///{tmp_path / 'inspector.db'}"
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    """An empty, migrated database."""
+    opened = open_store(db_url, upgrade=True)
+    yield opened
+    opened.dispose()
 
 
 @pytest.fixture

@@ -1,0 +1,89 @@
+"""The read side's in-memory rollup: appended rows are folded in once, deletions rebuild it, and its
+series stay bounded however long a run lasts."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import delete, func, insert, select
+
+from dashboard.sample import seed_sample
+from inspector.models import ReplayWindow, Run, Violation
+from inspector.queries import Queries
+from inspector.rollup import TimeBuckets, Traffic
+from inspector.store import Store
+
+
+def window(run_id: int, start: float, replays: int = 10, real: int = 70, padded: int = 10) -> dict:
+    return {"run_id": run_id, "graph_id": None, "mode": "full", "num_tokens": 8, "num_reqs": 8,
+            "uniform": True, "has_lora": False, "num_active_loras": 0,
+            "descriptor_key": "tokens=8,reqs=8,uniform=1",
+            "window_start": start, "window_end": start + 1, "replays": replays, "real_tokens": real,
+            "padded_tokens": padded}
+
+
+def series_replays(queries: Queries, run_id: int | None = None) -> int:
+    return sum(t.replays for _, t in queries.rollup.series(None if run_id is None else [run_id]))
+
+
+def test_series_equal_the_windows_and_fold_only_new_rows(store: Store) -> None:
+    ids = seed_sample(store.engine, now=time.time())
+    queries = Queries(store.engine)
+    with store.engine.connect() as conn:
+        total = conn.scalar(select(func.sum(ReplayWindow.replays)))
+    queries.rollup.refresh()
+    assert series_replays(queries) == total
+    with store.engine.begin() as conn:
+        conn.execute(insert(ReplayWindow), [window(ids["eager_run"], time.time(), replays=1234)])
+    assert series_replays(queries) == total  # memoised until the next refresh
+    queries.rollup.refresh()
+    assert series_replays(queries) == total + 1234
+    assert series_replays(queries, ids["eager_run"]) < total + 1234
+
+
+def test_deleting_a_run_rebuilds_everything(store: Store) -> None:
+    ids = seed_sample(store.engine, now=time.time())
+    queries = Queries(store.engine)
+    assert queries.summary()["violations"]["findings"] == 3
+    with store.engine.begin() as conn:
+        conn.execute(delete(Run).where(Run.id == ids["cuda_run"]))
+    summary = queries.summary()
+    assert summary["violations"]["by_kind"] == {"address_drift": 1, "unexpected_capture": 1}
+    with store.engine.connect() as conn:
+        remaining = conn.scalar(select(func.sum(ReplayWindow.replays)))
+    assert series_replays(queries) == remaining
+
+
+def test_new_findings_count_but_repeats_do_not(store: Store) -> None:
+    ids = seed_sample(store.engine, now=time.time())
+    queries = Queries(store.engine)
+    assert queries.summary()["violations"]["findings"] == 3
+    with store.engine.begin() as conn:
+        conn.execute(Violation.__table__.update().where(Violation.id == ids["drift"]).values(count=99))
+    assert queries.summary()["violations"]["findings"] == 3
+    assert queries.violation(ids["drift"])["count"] == 99
+
+
+def test_time_buckets_double_their_width_to_stay_bounded() -> None:
+    buckets = TimeBuckets(max_buckets=16)
+    for second in range(1000):
+        buckets.bucket(1_700_000_000.0 + second).add(Traffic(replays=1))
+    assert len(buckets.buckets) <= 16
+    assert buckets.width == 64.0
+    assert sum(t.replays for t in buckets.buckets.values()) == 1000
+
+
+def test_series_are_at_most_the_points_asked_for(store: Store) -> None:
+    seed_sample(store.engine, now=time.time())
+    queries = Queries(store.engine)
+    queries.rollup.refresh()
+    points = queries.rollup.series(points=30)
+    assert 0 < len(points) <= 31
+    starts = [start for start, _ in points]
+    assert starts == sorted(starts)
+
+
+def test_traffic_ratios_are_none_before_any_traffic() -> None:
+    assert Traffic().hit_ratio is None and Traffic().padding_waste is None
+    assert Traffic(replays=3, eager_batches=1).hit_ratio == 0.75
+    assert Traffic(real_tokens=3, padded_tokens=1).padding_waste == 0.25
