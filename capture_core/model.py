@@ -464,6 +464,7 @@ class DecoderLayer(nn.Module):
         factory = {"dtype": config.dtype, "device": config.device}
         hidden, head_dim = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, head_dim
+        self.intermediate_size = config.intermediate_size
         self.input_norm = RMSNorm(hidden, **factory)
         qkv_size = (config.num_heads + 2 * config.num_kv_heads) * head_dim
         self.qkv_proj = nn.Linear(hidden, qkv_size, bias=False, **factory)
@@ -486,7 +487,10 @@ class DecoderLayer(nn.Module):
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         qkv = self.qkv_proj(self.input_norm(hidden))
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        # Slices, not tuple unpacking: torch.fx traces this method (see capture_core.piecewise).
+        q = qkv[:, :q_size]
+        k = qkv[:, q_size : q_size + kv_size]
+        v = qkv[:, q_size + kv_size :]
         q = self.rotary(positions, q.reshape(num_tokens, self.num_heads, self.head_dim))
         k = self.rotary(positions, k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -494,7 +498,8 @@ class DecoderLayer(nn.Module):
         out = hidden.new_empty(num_tokens, q_size)
         self.attn(q, k, v, positions, slot_ids, kv_cache, out, attn_metadata)
         hidden = hidden + self.o_proj(out)
-        gate, up = self.gate_up_proj(self.post_attn_norm(hidden)).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(self.post_attn_norm(hidden))
+        gate, up = gate_up[:, : self.intermediate_size], gate_up[:, self.intermediate_size :]
         return hidden + self.down_proj(nn.functional.silu(gate) * up)
 
 
