@@ -258,13 +258,15 @@ class GraphRuntime:
             bar.close()
 
 
-_INTERNAL_FILES = tuple(
-    os.path.join(os.path.dirname(__file__), name)
-    for name in ("runtime.py", "wrapper.py", "checks.py", "backends.py", "forward_context.py")
-)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _is_internal(filename: str) -> bool:
+    """A frame of the graph cache itself: any module of this package (runner, piecewise, ubatch)."""
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR)
 
 
 def caller_stack(limit: int = 30) -> str:
     """The caller's stack, without the graph cache's own frames: where the bad call came from."""
-    frames = [f for f in traceback.extract_stack() if f.filename not in _INTERNAL_FILES]
+    frames = [f for f in traceback.extract_stack() if not _is_internal(f.filename)]
     return "".join(traceback.format_list(frames[-limit:]))

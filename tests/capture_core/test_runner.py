@@ -111,6 +111,7 @@ def test_a_planted_address_drift_is_recorded_as_injected_and_gives_stale_logits(
     drifted = runner.inject_address_drift(second[0], first[1], first[2]).clone()
     (event,) = observer.violations
     assert event.kind is ViolationKind.ADDRESS_DRIFT and event.injected and event.input_name == "input_ids"
+    assert "test_runner.py" in event.stack and "capture_core/runner.py" not in event.stack
     torch.testing.assert_close(drifted, runner.step_eager(*first))  # the previous step's tokens
     assert not torch.allclose(drifted, runner.step_eager(second[0], first[1], first[2]))
 
