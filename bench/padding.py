@@ -5,6 +5,7 @@ away. This measures how much, per policy, on three kinds of traffic:
 
 * trace: the demo's traffic, the Azure conversation trace through continuous batching
   (``capture_core.traffic``) at several speedups, so decode batches span 1..max;
+* demo: exactly the traffic of ``graph-inspector demo`` with its defaults (a cold start);
 * mixed: the same trace with chunked prefill, whose token counts often exceed the largest capture
   size and run eagerly: this is where the hit rate (share of steps that replay) differs;
 * uniform: batch sizes drawn uniformly from 1..max, checked against the exact expectation
@@ -39,6 +40,9 @@ from capture_core.traffic import (
     load_trace,
     padding_stats,
 )
+from dashboard.commands.demo import DEFAULT_SPEEDUP as DEMO_SPEEDUP
+from dashboard.commands.demo import DEFAULT_STEPS as DEMO_STEPS
+from dashboard.commands.demo import STEP_SECONDS as DEMO_STEP_SECONDS
 
 POLICIES = ("pow2", "vllm")
 DEFAULT_SPEEDUPS = (0.05, 0.25, 1.0, 2.0, 4.0, 8.0, 11.0)
@@ -90,6 +94,14 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     combined = {"batch": asdict(batch_size_stats(all_sizes))}
     combined.update({p: policy_figures(padding_stats(all_sizes, t)) for p, t in tables.items()})
 
+    # The demo's own traffic: a cold start at its default speed, as `graph-inspector demo` runs it.
+    demo_config = TrafficConfig(max_num_seqs=args.max_batch, speedup=DEMO_SPEEDUP,
+                                step_seconds=DEMO_STEP_SECONDS, seed=args.seed)
+    demo_sizes = decode_batch_sizes(trace, demo_config, DEMO_STEPS)
+    demo: dict[str, object] = {"speedup": DEMO_SPEEDUP, "steps": DEMO_STEPS, "warmup_steps": 0,
+                               "batch": asdict(batch_size_stats(demo_sizes))}
+    demo.update({p: policy_figures(padding_stats(demo_sizes, t)) for p, t in tables.items()})
+
     mixed_config = TrafficConfig(max_num_seqs=args.max_batch, speedup=4.0, seed=args.seed,
                                  warmup_steps=args.warmup_steps, chunked_prefill=True,
                                  max_num_batched_tokens=2048)
@@ -125,6 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "waste_definition": "padded tokens / tokens computed by replayed graphs",
         "trace": trace_rows,
         "trace_combined": combined,
+        "demo": demo,
         "mixed": mixed,
         "uniform": uniform,
         "seconds": round(time.perf_counter() - started, 2),
@@ -147,6 +160,7 @@ def print_table(result: dict[str, object]) -> None:
     for row in result["trace"]:  # type: ignore[union-attr]
         line(f"trace x{row['speedup']:g}", row)
     line("trace, all speedups", result["trace_combined"])  # type: ignore[arg-type]
+    line(f"demo ({DEMO_STEPS} steps)", result["demo"])  # type: ignore[arg-type]
     line("trace, chunked prefill", result["mixed"])  # type: ignore[arg-type]
     line("uniform 1..max", result["uniform"])  # type: ignore[arg-type]
     for policy in POLICIES:
