@@ -112,7 +112,11 @@ class DecodeRunner:
         return self.graphed.graphs
 
     def capture(self) -> None:
-        """Capture every bucket's graph, largest first, with a progress bar; then lock capture."""
+        """Capture every bucket's graph, largest first, with a progress bar; then lock capture.
+
+        To capture other graphs on the same runtime too (a mixed-batch runner), call this inside
+        ``with runtime.capture_phase():``: the lock then falls when that outer phase ends.
+        """
         graphs = [(CUDAGraphMode.FULL, d) for d in self.dispatcher.capture_descriptors(CUDAGraphMode.FULL)]
         self.buffers.reset()  # dummy inputs: every write lands in the spare padding slot
 

@@ -56,7 +56,12 @@ class UnexpectedCapturePolicy(str, enum.Enum):
     EAGER = "eager"
     """Serve the batch eagerly: slower, but no stall and no crash."""
     CAPTURE = "capture"
-    """Capture anyway (the stall happens), recorded with ``CaptureEvent.unexpected=True``."""
+    """Capture anyway (the stall happens), recorded with ``CaptureEvent.unexpected=True``.
+
+    The warm-ups then run on the step's real inputs: fine for a forward pass whose side effects
+    repeat identically (the reference decoder rewrites the same KV entries), not for one that
+    accumulates state - use RAISE or EAGER for such a model.
+    """
 
     @classmethod
     def parse(cls, value: UnexpectedCapturePolicy | str) -> UnexpectedCapturePolicy:
