@@ -38,7 +38,8 @@ def install(
 
     ``sink`` is a database URL (None: $GRAPH_INSPECTOR_DB, else the default SQLite file) recorded
     through the inspector's Recorder, started at the first capture so that processes which never
-    capture leave no trace; or any ``GraphObserver`` (a Recorder you own, a test double).
+    capture leave no trace; or a Recorder you started (it is left running at ``uninstall``); or
+    any other ``GraphObserver``, which then gets ``on_replay`` once per replay.
     ``ready_after``: after this many replays with no new capture, the process counts as ready and
     every later capture is an unexpected capture (``mark_ready()`` does it by hand).
     A re-recording storm is ``storm_threshold`` late captures at one call site within
@@ -48,13 +49,15 @@ def install(
     with _lock:
         if _active is not None:
             raise RuntimeError("graph-inspector watch is already installed here; call uninstall() first")
-        owned = RecorderSink(sink, label=label) if sink is None or isinstance(sink, str) else None
+        owned = _recorder_sink(sink, label)
         watcher = Watcher(
             owned if owned is not None else sink,  # type: ignore[arg-type]
             ready_after=ready_after,
             storm_threshold=storm_threshold,
             storm_window_s=storm_window_s,
         )
+        if owned is not None:
+            owned.bind(watcher.graphs)
         hooks = Hooks(watcher) if graph_class is None else Hooks(watcher, graph_class)
         hooks.install()
         tap = None
@@ -63,6 +66,17 @@ def install(
             tap.install()
         _active = _Installation(watcher, hooks, tap, owned)
         return watcher
+
+
+def _recorder_sink(sink: object, label: str) -> RecorderSink | None:
+    """A RecorderSink for a URL (its own Recorder) or an inspector Recorder; None for other sinks."""
+    if sink is None or isinstance(sink, str):
+        return RecorderSink(sink, label=label)
+    from inspector.recorder import Recorder
+
+    if isinstance(sink, Recorder):
+        return RecorderSink(recorder=sink, label=label)
+    return None
 
 
 def uninstall() -> None:

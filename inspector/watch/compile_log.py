@@ -12,6 +12,7 @@ the filter then drops the records the user did not ask for, so their console sta
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ TREES_LOGGER = "torch._inductor.cudagraph_trees.__cudagraphs"
 
 SKIP_MARKER = "skipping cudagraph"
 RERECORD_MARKER = "Re-recording function="
+_RERECORD = re.compile(r"Re-recording function=(?P<function>.*?), mode=\w+, reason=(?P<reason>.*)", re.DOTALL)
 
 
 class _Tap(logging.Filter):
@@ -45,17 +47,20 @@ class _Tap(logging.Filter):
 
 
 def compile_event_from_record(record: logging.LogRecord) -> CompileEvent | None:
-    """A CompileEvent for a skip or re-record record, None for any other record."""
+    """A CompileEvent for a skip or re-record record, None for any other record.
+
+    The template is checked before anything is formatted: the trees' logger also writes a DEBUG
+    line per warm-up run once it is lowered to DEBUG, and those must stay cheap.
+    """
     template = str(record.msg)
     if RERECORD_MARKER in template:
-        args = record.args if isinstance(record.args, tuple) else ()
-        function = str(args[1]) if len(args) > 1 else ""
-        reason = str(args[3]) if len(args) > 3 else ""
+        message = record.getMessage()
+        match = _RERECORD.search(message)
         return CompileEvent(
             kind=CompileEventKind.RERECORD,
-            reason=reason or "unknown",
-            message=record.getMessage(),
-            function=function,
+            reason=(match["reason"].strip() if match else "") or "unknown",
+            message=message,
+            function=match["function"] if match else "",
             seen_at=record.created,
         )
     if SKIP_MARKER in template:

@@ -14,8 +14,10 @@ sink's ``on_replay`` (itself a counter bump). Everything else happens at capture
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +59,7 @@ class Hooks:
     graph_class: type = field(default_factory=lambda: torch.cuda.CUDAGraph)
     _patches: list[_Patch] = field(default_factory=list)
     _local: threading.local = field(default_factory=threading.local)
+    _watched_graphs: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
     @property
     def installed(self) -> bool:
@@ -66,6 +69,7 @@ class Hooks:
         if self._patches:
             raise RuntimeError("graph-inspector watch hooks are already installed")
         cls = self.graph_class
+        self._patch(cls, WATCHED_ATTR, None)  # what a graph captured before the watch reads
         self._patch(cls, "capture_begin", self._wrap_capture_begin(cls.capture_begin))
         self._patch(cls, "capture_end", self._wrap_capture_end(cls.capture_end))
         self._patch(cls, "replay", self._wrap_replay(cls.replay))
@@ -77,7 +81,10 @@ class Hooks:
                 self._patch(owner, "make_graphed_callables", wrapped)
 
     def uninstall(self) -> None:
-        """Restore every patched attribute, last patched first."""
+        """Restore every patched attribute, last patched first, and forget the graphs' records."""
+        for graph in list(self._watched_graphs):
+            graph.__dict__.pop(WATCHED_ATTR, None)
+        self._watched_graphs.clear()
         while self._patches:
             patch = self._patches.pop()
             if patch.original is _MISSING:
@@ -117,6 +124,7 @@ class Hooks:
             pending = self._abandon(graph)
             if pending is not None:
                 graph.__dict__[WATCHED_ATTR] = self.watcher.capture_finished(pending, _graph_pool(graph))
+                self._watched_graphs.add(graph)
             return result
 
         return capture_end
@@ -167,22 +175,48 @@ class Hooks:
     # -- replay (hot path) ---------------------------------------------------------------------
 
     def _wrap_replay(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """The hot path. Every name in it is a local or an argument (global lookups cost here);
+        the watched record is a plain attribute (a class-level None when the graph is unknown),
+        and torch's ``replay(self)`` is called without argument packing when it takes none."""
         full = CUDAGraphMode.FULL
         watcher = self.watcher
 
-        @functools.wraps(original)
-        def replay(graph: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(graph, *args, **kwargs)
-            watched = graph.__dict__.get(WATCHED_ATTR)
+        def count(graph: Any) -> None:
+            watched = graph._graph_inspector_watched  # WATCHED_ATTR
             if watched is not None:
                 watched.replays += 1
-                try:
-                    watched.on_replay(full, watched.descriptor, watched.descriptor.num_tokens)
-                except Exception:
-                    watcher.sink_errors += 1
+                on_replay = watched.on_replay
+                if on_replay is not None:
+                    try:
+                        on_replay(full, watched.descriptor, watched.num_tokens)
+                    except Exception:
+                        watcher.sink_errors += 1
+
+        if _takes_only_self(original):
+
+            @functools.wraps(original)
+            def replay(graph: Any) -> Any:
+                result = original(graph)
+                watched = graph._graph_inspector_watched  # WATCHED_ATTR
+                if watched is not None:
+                    watched.replays += 1
+                    on_replay = watched.on_replay
+                    if on_replay is not None:
+                        try:
+                            on_replay(full, watched.descriptor, watched.num_tokens)
+                        except Exception:
+                            watcher.sink_errors += 1
+                return result
+
+            return replay
+
+        @functools.wraps(original)
+        def replay_with_arguments(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(graph, *args, **kwargs)
+            count(graph)
             return result
 
-        return replay
+        return replay_with_arguments
 
     # -- make_graphed_callables --------------------------------------------------------------------
 
@@ -202,6 +236,17 @@ class Hooks:
                 self._local.graphed = outer
 
         return make_graphed_callables
+
+
+def _takes_only_self(function: Callable[..., Any]) -> bool:
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return len(parameters) == 1 and parameters[0].kind in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
 
 
 def _graph_pool(graph: Any) -> tuple[int, int] | None:

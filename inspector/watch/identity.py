@@ -15,7 +15,7 @@ import os
 import sys
 import types
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,6 +46,16 @@ class WatchedDescriptor(BatchDescriptor):
     """
 
     identity: str = ""
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super(WatchedDescriptor, self).__post_init__()
+        fields = (self.num_tokens, self.num_reqs, self.uniform, self.has_lora, self.num_active_loras)
+        object.__setattr__(self, "_hash", hash((*fields, self.identity)))
+
+    def __hash__(self) -> int:
+        # Hashed on every replay by the recorder's counter: computed once, not per call.
+        return self._hash
 
     @property
     def key(self) -> str:

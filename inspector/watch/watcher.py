@@ -79,11 +79,13 @@ class WatchedGraph:
     rerecorded: bool
     replays: int = 0
     on_replay: Callable[[CUDAGraphMode, BatchDescriptor, int], None] | None = None
-    """The sink's replay counter, bound once the capture was sent (the replay hook calls it)."""
+    """The sink's per-replay call, bound once the capture was sent; None for sinks that read
+    ``replays`` themselves (the Recorder sink), so a replay costs one integer bump."""
+    num_tokens: int = field(init=False)
+    """The descriptor's, as a plain attribute: the replay hook reads it every call."""
 
-    @property
-    def num_tokens(self) -> int:
-        return self.descriptor.num_tokens
+    def __post_init__(self) -> None:
+        self.num_tokens = self.descriptor.num_tokens
 
 
 @dataclass(eq=False)
@@ -218,7 +220,8 @@ class Watcher:
             storm = self._late_capture_count(history, pending.started_at) if (in_use or rerecorded) else 0
 
         self._send_capture(graph, pending)
-        graph.on_replay = self.observer.on_replay
+        if not getattr(self.observer, "counts_replays_itself", False):
+            graph.on_replay = self.observer.on_replay
         if pending.unexpected_reason:
             self._send_unexpected(graph, pending)
         if storm >= self.storm_threshold:

@@ -13,7 +13,7 @@ from capture_core.events import CaptureEvent, ViolationEvent, ViolationKind
 from capture_core.modes import CUDAGraphMode
 from inspector import watch
 from inspector.watch.compile_log import SKIP_LOGGER, TREES_LOGGER
-from inspector.watch.hooks import Hooks
+from inspector.watch.hooks import WATCHED_ATTR, Hooks
 from inspector.watch.identity import KEY_LIMIT, WatchedDescriptor
 from inspector.watch.watcher import CompileEvent, CompileEventKind, Watcher
 
@@ -79,6 +79,7 @@ def test_uninstall_restores_every_original_exactly() -> None:
     finally:
         watch.uninstall()
     assert {name: cls.__dict__[name] for name in before} == before
+    assert WATCHED_ATTR not in cls.__dict__
     assert all(cls.__dict__[name] is fn for name, fn in before.items())
     assert (torch.cuda.make_graphed_callables, torch.cuda.graphs.make_graphed_callables) == mgc
     assert logging.getLogger(TREES_LOGGER).filters == [] and logging.getLogger(SKIP_LOGGER).filters == []
@@ -97,7 +98,8 @@ def test_uninstall_removes_patches_from_a_class_that_only_inherited_them(collect
     graph.replay()
     assert len(collector.captures) == 1 and len(collector.replays) == 1
     watch.uninstall()
-    assert not {"capture_begin", "capture_end", "replay"} & set(vars(EngineGraph))
+    assert not {"capture_begin", "capture_end", "replay", WATCHED_ATTR} & set(vars(EngineGraph))
+    assert WATCHED_ATTR not in vars(graph)  # a later watch starts from a clean slate
 
 
 def test_identity_is_call_site_and_shapes_and_stable_across_watches(collector: Collector) -> None:

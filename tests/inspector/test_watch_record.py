@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from test_watch_standin import eager_cuda_graphs
 
 from inspector import watch
-from inspector.models import CompileRecord, Graph, ReplayWindow, Run, Violation
+from inspector.models import CompileRecord, Graph, ReplayTotal, ReplayWindow, Run, Violation
 from inspector.store import open_store
 from inspector.watch.compile_log import SKIP_LOGGER
 from inspector.watch.summary import watch_summary
@@ -87,3 +87,36 @@ def test_a_process_that_never_captures_leaves_no_run(db: str, tmp_path: Path) ->
     MODEL(torch.zeros(2, 4))
     watch.uninstall()
     assert not (tmp_path / "watch.db").exists()
+
+
+def capture_elsewhere(x: torch.Tensor) -> torch.cuda.CUDAGraph:
+    """A second engine component capturing graphs of the same sizes."""
+    graph = torch.cuda.CUDAGraph()
+    graph.capture_begin()
+    MODEL(x)
+    graph.capture_end()
+    return graph
+
+
+def test_same_sized_graphs_of_two_call_sites_keep_their_own_replays_in_a_recorder_you_own(db: str) -> None:
+    from inspector.recorder import Recorder
+
+    recorder = Recorder(db, label="own recorder", flush_interval=0.2).start()
+    watch.install(recorder)
+    first, second = capture(torch.zeros(8, 4)), capture_elsewhere(torch.zeros(8, 4))
+    for _ in range(3):
+        first.replay()
+    second.replay()
+    watch.uninstall()
+    assert recorder.flush(timeout=10)  # the recorder you own is left running
+    store = open_store(db, upgrade=False)
+    with store.session() as session:
+        totals = {
+            t.descriptor_key: (t.replays, t.graph_id)
+            for t in session.scalars(select(ReplayTotal).where(ReplayTotal.run_id == recorder.run_id))
+        }
+        graphs = {g.descriptor_key: g.id for g in session.scalars(select(Graph))}
+    assert sorted(replays for replays, _ in totals.values()) == [1, 3]
+    assert {key: graph_id for key, (_, graph_id) in totals.items()} == graphs
+    recorder.close()
+    store.dispose()
