@@ -145,3 +145,23 @@ def test_bad_configurations_and_inputs_are_refused_clearly(model, observer):
     runner = make_runner(model, observer)
     with pytest.raises(ValueError, match="one length"):
         runner.step(torch.zeros(3, dtype=torch.long), torch.zeros(2, dtype=torch.long), torch.zeros(3))
+
+
+def test_capture_inside_an_outer_phase_leaves_the_lock_to_it(model, observer):
+    runtime = GraphRuntime("eager", observer=observer, progress=False)
+    runner = DecodeRunner(model, runtime, [1, 2])
+    with runtime.capture_phase():
+        runner.capture()
+        assert not runtime.locked
+    assert runtime.locked and len(observer.captures) == 2
+
+
+def test_an_observer_attached_after_construction_sees_every_event(model, observer):
+    runtime = GraphRuntime("eager", progress=False)
+    runner = DecodeRunner(model, runtime, [1, 2])
+    runtime.observer = observer  # as the demo does once its recorder is up
+    runner.capture()
+    runner.step(*batch(2, seed=0))
+    runner.step(*batch(5, seed=0))
+    assert len(observer.captures) == 2 and len(observer.replays) == 1
+    assert observer.eagers == [(EagerReason.ABOVE_MAX_CAPTURE_SIZE, 5, FULL)]
