@@ -230,7 +230,9 @@ def _build_runner(args: argparse.Namespace, backend: str, torch: Any) -> tuple[D
     # captured anyway (and recorded as such): what a latency spike in production looks like.
     runtime = GraphRuntime(backend, unexpected_capture=UnexpectedCapturePolicy.CAPTURE)
     sizes = capture_sizes(args.capture_sizes, args.max_batch)
-    runner = DecodeRunner(model, runtime, sizes, mode=CUDAGraphMode.FULL, max_num_seqs=args.max_batch)
+    # FULL_DECODE_ONLY, as vLLM's decode graphs: keyed by uniform-decode descriptors (one token per request).
+    mode = CUDAGraphMode.FULL_DECODE_ONLY
+    runner = DecodeRunner(model, runtime, sizes, mode=mode, max_num_seqs=args.max_batch)
     return runner, model_name
 
 
@@ -330,7 +332,10 @@ def _decode(runner: DecodeRunner, trace: Any, args: argparse.Namespace, torch: A
     unexpected_step = None if args.no_faults else (2 * args.steps) // 3
     result = DemoResult(args.steps, 0.0, [], drift_step, unexpected_step)
     started = time.perf_counter()
-    with tqdm(total=args.steps, desc="Decoding", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
+    # On a terminal the bar redraws often; in a log (CI, kubectl logs) a line every few seconds is enough.
+    interval = 0.1 if sys.stderr.isatty() else 5.0
+    with tqdm(total=args.steps, desc="Decoding", unit="step", file=sys.stderr, dynamic_ncols=True,
+              mininterval=interval) as bar:
         for step in scheduler.steps():
             if step.index >= args.steps:
                 break
