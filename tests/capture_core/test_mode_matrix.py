@@ -267,3 +267,23 @@ def test_any_sequence_of_steps_equals_the_eager_model_under_any_mode(
     for replay_mode, _, _ in observer.replays:
         assert replay_mode in mode.valid_runtime_modes() and replay_mode is not NONE
     assert observer.violations == []
+
+
+def test_steps_before_capture_run_eagerly_and_say_why(model) -> None:
+    observer = Recorder()
+    runtime = GraphRuntime("eager", observer=observer, progress=False)
+    runner = MixedBatchRunner(model, runtime, RUNNER_SIZES, FULL_AND_PIECEWISE)
+    for tokens, contexts in (STEPS["decode"], STEPS["mixed"]):
+        _step_and_check(runner, model, tokens, contexts)
+    assert [(reason, mode) for reason, _, mode in observer.eager] == [
+        (EagerReason.BEFORE_CAPTURE_PHASE, FULL),
+        (EagerReason.BEFORE_CAPTURE_PHASE, PIECEWISE),
+    ]
+    assert observer.captures == [] and observer.replays == []
+
+
+def test_a_step_whose_metadata_does_not_match_its_tokens_is_refused(model) -> None:
+    runner = MixedBatchRunner(model, GraphRuntime("eager", progress=False), RUNNER_SIZES, FULL_AND_PIECEWISE)
+    batch = flatten_requests([[1, 2], [3]], [0, 0], [0, 1])
+    with pytest.raises(ValueError, match="metadata describes 3 tokens but input_ids has 2"):
+        runner.step(batch.input_ids[:2], batch.positions[:2], batch.slot_ids[:2], batch.attn_metadata)
