@@ -248,7 +248,9 @@ def _is_plumbing(frame: types.FrameType) -> bool:
 
 
 def _in_torch(frame: types.FrameType) -> bool:
-    return os.path.abspath(frame.f_code.co_filename).startswith(_TORCH_DIR)
+    """torch's own code, and the code torch generates (FX graph modules are ``<eval_with_key>.N``)."""
+    filename = frame.f_code.co_filename
+    return filename.startswith("<eval_with_key>") or os.path.abspath(filename).startswith(_TORCH_DIR)
 
 
 def _torch_function_name(frame: types.FrameType) -> str:

@@ -76,7 +76,8 @@ class WatchedGraph:
     capture_seconds: float
     captured_at: float
     unexpected: bool
-    rerecorded: bool
+    repeat: int
+    """How many captures of the same code and shapes came before this one (0: the first)."""
     replays: int = 0
     on_replay: Callable[[CUDAGraphMode, BatchDescriptor, int], None] | None = None
     """The sink's per-replay call, bound once the capture was sent; None for sinks that read
@@ -140,7 +141,7 @@ class Watcher:
         self.compile_events: list[CompileEvent] = []
         self._lock = threading.Lock()
         self._sites: dict[str, _SiteHistory] = {}
-        self._identities: set[str] = set()
+        self._identity_counts: dict[str, int] = {}
         self._replays_at_last_capture = 0
 
     @property
@@ -196,28 +197,32 @@ class Watcher:
         before = pending.pool_bytes_before if pool == pending.pool_arg else 0
         pool_bytes = max(self._measure(pool) - before, 0)
         inputs = pending.inputs or pending.module_inputs
-        identity = GraphIdentity(pending.site, inputs.shapes, pending.label)
-        descriptor = identity.descriptor()
         with self._lock:
+            # The same code and shapes captured again gets the next ordinal: vLLM's piecewise
+            # wrapper captures every layer slice from one line with one shape, and torch's own
+            # captures repeat in a fixed order, so ordinals keep identities apart and stable.
+            base = GraphIdentity(pending.site, inputs.shapes, pending.label)
+            repeat = self._identity_counts.get(base.key, 0)
+            self._identity_counts[base.key] = repeat + 1
+            label = f"{pending.label} capture {repeat + 1}".strip() if repeat else pending.label
+            identity = GraphIdentity(pending.site, inputs.shapes, label)
             history = self._sites.setdefault(identity.site.key, _SiteHistory())
-            rerecorded = identity.key in self._identities
             in_use = any(graph.replays for graph in history.graphs)
             graph = WatchedGraph(
                 identity=identity,
-                descriptor=descriptor,
+                descriptor=identity.descriptor(),
                 inputs=inputs,
                 pool=pool,
                 pool_bytes=pool_bytes,
                 capture_seconds=seconds,
                 captured_at=pending.started_at,
                 unexpected=bool(pending.unexpected_reason),
-                rerecorded=rerecorded,
+                repeat=repeat,
             )
-            self._identities.add(identity.key)
             history.graphs.append(graph)
             self.graphs.append(graph)
             self._replays_at_last_capture = self.replay_total()
-            storm = self._late_capture_count(history, pending.started_at) if (in_use or rerecorded) else 0
+            storm = self._late_capture_count(history, pending.started_at) if in_use else 0
 
         self._send_capture(graph, pending)
         if not getattr(self.observer, "counts_replays_itself", False):
@@ -225,7 +230,7 @@ class Watcher:
         if pending.unexpected_reason:
             self._send_unexpected(graph, pending)
         if storm >= self.storm_threshold:
-            self._send_storm(graph, storm, in_use)
+            self._send_storm(graph, storm)
         return graph
 
     def _late_capture_count(self, history: _SiteHistory, now: float) -> int:
@@ -278,18 +283,18 @@ class Watcher:
         )
         self._deliver(self.observer.on_violation, event)
 
-    def _send_storm(self, graph: WatchedGraph, count: int, in_use: bool) -> None:
+    def _send_storm(self, graph: WatchedGraph, count: int) -> None:
         site = graph.identity.site
-        what = "a new shape" if not graph.rerecorded else "the same shape again"
+        what = "a shape it had captured before" if graph.repeat else "a new shape"
         event = ViolationEvent(
             kind=ViolationKind.RERECORD_STORM,
             descriptor=WatchedDescriptor(num_tokens=1, identity=site.key),
             mode=CUDAGraphMode.FULL,
             wrapper=site.text,
             message=(
-                f"{site.text} re-recorded {count} graphs within {self.storm_window_s:g} s "
-                f"{'after its graphs were in use' if in_use else 'for shapes it had captured'}; "
-                f"the latest captured {what}: {graph.identity.shapes_text}"
+                f"{site.text} captured {count} graphs within {self.storm_window_s:g} s after its "
+                f"graphs were in use (re-recording instead of replaying); the latest was "
+                f"{what}: {graph.identity.shapes_text}"
             ),
             seen_at=graph.captured_at,
         )

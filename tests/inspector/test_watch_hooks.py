@@ -121,6 +121,18 @@ def test_identity_is_call_site_and_shapes_and_stable_across_watches(collector: C
     assert isinstance(first.descriptor, WatchedDescriptor)
 
 
+def test_the_same_code_and_shapes_captured_again_get_the_next_ordinal(collector: Collector) -> None:
+    """vLLM's piecewise wrapper captures every layer slice from one line with one shape."""
+    watch.install(collector)
+    x = torch.zeros(8, 4)
+    for _ in range(3):
+        capture(x)
+    keys = [c.descriptor.key for c in collector.captures]
+    assert len(set(keys)) == 3
+    assert " capture 2 #" in keys[1] and " capture 3 #" in keys[2] and " capture" not in keys[0]
+    assert not collector.violations  # repeats at start-up are not a storm
+
+
 def test_inputs_unseen_in_frames_come_from_the_first_module_call(collector: Collector) -> None:
     watch.install(collector)
     graph = torch.cuda.CUDAGraph()
@@ -203,7 +215,8 @@ def test_a_site_that_keeps_capturing_once_in_use_is_a_rerecord_storm(collector: 
     assert collector.kinds() == [ViolationKind.RERECORD_STORM] * 2
     storm = collector.violations[-1]
     assert storm.descriptor.key.startswith("test_watch_hooks.py:") and " site #" in storm.descriptor.key
-    assert "re-recorded 4 graphs" in storm.message and "the same shape again" in storm.message
+    assert "captured 4 graphs within 60 s" in storm.message
+    assert "a shape it had captured before: [11x4]" in storm.message
     assert collector.violations[0].descriptor == storm.descriptor  # one finding, counted twice
 
 
