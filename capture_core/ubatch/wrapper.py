@@ -117,7 +117,7 @@ class _UBatchedStep:
         stream = torch.cuda.current_stream(self.device) if self.on_gpu else None
         outputs = threads.finish(stream)
         result = _concat(outputs, self.wrapper.name)
-        if self.prefetch and not torch.cuda.is_current_stream_capturing():
+        if self.prefetch and not (self.on_gpu and torch.cuda.is_current_stream_capturing()):
             self.prepare()
         return result
 

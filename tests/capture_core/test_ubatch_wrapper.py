@@ -11,7 +11,7 @@ import torch
 from capture_core.checks import AddressDriftError, GraphCacheError
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationKind
-from capture_core.forward_context import set_forward_context
+from capture_core.forward_context import get_forward_context, set_forward_context
 from capture_core.model import ModelConfig, ReferenceDecoder
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime, UnexpectedCaptureError
@@ -255,6 +255,29 @@ def test_outside_a_forward_context_the_model_runs_plainly(decoder, step, observe
     expected = step.expected(4, 4)
     torch.testing.assert_close(wrapper(ids, pos, slots, step.kv_cache), expected)
     assert ubatch_calls(probe) == [(False, 0, 4)]
+
+
+def test_prefetched_threads_serve_the_next_call_and_are_stopped_on_discard(decoder, step, observer) -> None:
+    """The CUDA capture path's thread hand-off, exercised on CPU: each call runs on threads started
+    (and parked at the barrier) by the call before it; what is left over is stopped, not leaked."""
+    wrapper, probe = make(decoder, observer)
+    ids, pos, slots = step.load(8, 8, seed=4)
+    expected = step.expected(8, 8)
+    _, padded = maybe_create_ubatch_slices(True, [1] * 8, 8, 8, 2)
+    with set_forward_context(FULL, BatchDescriptor(8, 8, True), 8, ubatch_slices=padded):
+        batched = wrapper._step(get_forward_context(), (ids, pos, slots, step.kv_cache), {})
+    before = threading.active_count()
+    batched.prefetch = True
+    batched.prepare()
+    for _ in range(3):
+        parked = batched._ready
+        assert parked is not None and all(t.is_alive() for t in parked.threads)
+        torch.testing.assert_close(batched()[:8], expected)
+        assert not any(t.is_alive() for t in parked.threads)
+    assert threading.active_count() == before + 2  # the next call's threads, parked
+    batched.discard()
+    assert threading.active_count() == before and batched._ready is None
+    assert [c[1] for c in probe.calls] == [0, 1] * 3
 
 
 @pytest.mark.cuda
