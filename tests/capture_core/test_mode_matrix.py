@@ -159,6 +159,25 @@ def test_speculative_decode_graphs_hold_whole_requests(mode, num_tokens, expecte
     assert (routed.mode, routed.descriptor) == expected
 
 
+@given(
+    mode=st.sampled_from(list(CUDAGraphMode)),
+    sizes=st.lists(st.integers(1, 300), min_size=1, max_size=20, unique=True).map(sorted),
+    query_len=st.integers(1, 4),
+    max_loras=st.integers(0, 2),
+)
+def test_every_graph_in_any_capture_list_is_the_one_its_batches_replay(
+    mode, sizes, query_len, max_loras
+) -> None:
+    dispatcher = CUDAGraphDispatcher(mode, sizes, uniform_decode_query_len=query_len, max_loras=max_loras)
+    listed = dispatcher.capture_list()
+    assert len(listed) == len(set(listed))
+    assert {d for _, d in listed} == set().union(*dispatcher.keys.values())
+    for m, d in listed:
+        routed = dispatcher.route(d.num_tokens, d.uniform, d.has_lora, d.num_active_loras)
+        assert (routed.mode, routed.descriptor, routed.eager_reason) == (m, d, None)
+        assert m in mode.valid_runtime_modes()
+
+
 def test_a_lora_batch_beyond_the_configured_adapters_is_refused() -> None:
     dispatcher = CUDAGraphDispatcher(FULL_AND_PIECEWISE, SIZES, max_loras=2)
     with pytest.raises(ValueError, match=r"num_active_loras must be in 1\.\.2"):
