@@ -122,6 +122,7 @@ class Queries:
         return {"a": rows[0], "b": rows[1], "by_size": by_size}
 
     def _run_rows(self, session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
+        self.rollup.refresh()
         ids = [r.id for r in runs]
         graph_totals = {
             run_id: (count, pool, capture)
@@ -134,13 +135,6 @@ class Queries:
         }
         traffic = _traffic_by(session, ReplayTotal.run_id, run_ids=ids)
         eager = _eager_by(session, EagerTotal.run_id, run_ids=ids)
-        violation_totals = dict(
-            session.execute(
-                select(Violation.run_id, func.count(Violation.id))
-                .where(Violation.run_id.in_(ids))
-                .group_by(Violation.run_id)
-            ).all()
-        )
         rows = []
         for run in runs:
             count, pool, capture = graph_totals.get(run.id, (0, 0, 0.0))
@@ -151,7 +145,7 @@ class Queries:
                 "pool_bytes": pool or 0,
                 "capture_seconds": capture or 0.0,
                 "traffic": _traffic(_with_eager(traffic.get((run.id,)), eager.get((run.id,)))),
-                "violations": violation_totals.get(run.id, 0),
+                "violations": sum(self.rollup.findings([run.id]).values()),
             })
         return rows
 
