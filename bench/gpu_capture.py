@@ -26,6 +26,7 @@ import gc
 import statistics
 import sys
 import time
+import traceback
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -206,11 +207,24 @@ def run(args: Any) -> dict[str, Any]:
     models = ["tiny"] if args.quick else args.models
     sizes = [1, 2, 4] if args.quick else power_of_two_sizes(args.max_batch)
     rounds = 1 if args.quick else args.rounds
-    results, notes = [], []
+    results: list[dict[str, Any]] = []
+    notes: list[str] = []
+    failed: list[str] = []
     for index, name in enumerate(models):
-        result, model_notes = measure_model(name, sizes, device, rounds, budget.share(len(models) - index))
+        try:
+            result, model_notes = measure_model(
+                name, sizes, device, rounds, budget.share(len(models) - index)
+            )
+        except Exception as exc:  # one model failing (e.g. out of memory) keeps the other's figures
+            traceback.print_exc()
+            failed.append(name)
+            message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            notes.append(f"{name}: FAILED, no figures: {type(exc).__name__}: {message}")
+            free_cuda_memory()
+            continue
         results.append(result)
         notes.extend(n for n in model_notes if n not in notes)
+    args.failed_models = failed
     on_cuda = device.type == "cuda"
     targets = []
     for r in results:
@@ -237,6 +251,7 @@ def run(args: Any) -> dict[str, Any]:
         "models": models,
         "buckets": sizes,
         "max_rounds": rounds,
+        "failed_models": failed,
         "warmup_iters": 3,
         "device": str(device),
         "backend": "cuda" if on_cuda else "eager",
@@ -319,8 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=3, help="timed capture rounds per side (alternating order)"
     )
-    run(parser.parse_args(argv))
-    return 0
+    args = parser.parse_args(argv)
+    run(args)
+    return 1 if args.failed_models else 0
 
 
 if __name__ == "__main__":

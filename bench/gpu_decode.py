@@ -35,6 +35,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -229,7 +230,7 @@ def measure_model(
 
         timer = CallTimer(device)
         with watch_graph_trees() if compiled is not None else _nothing() as trees:
-            compile_seconds = 0.0
+            compile_seconds, compile_error = 0.0, None
             for index, batch in enumerate(sizes):
                 inputs = decode_inputs(batch, config, device)
                 variants: dict[str, Callable[[], Any]] = {}
@@ -241,11 +242,17 @@ def measure_model(
                 if compiled is not None:
                     step = _compiled_step(compiled, inputs, kv_cache)
                     first = time.perf_counter()
-                    for _ in range(3):  # compile (or re-use), warm up, record the graph
-                        step()
-                    torch.cuda.synchronize()
+                    try:
+                        for _ in range(3):  # compile (or re-use), warm up, record the graph
+                            step()
+                        torch.cuda.synchronize()
+                    except Exception as exc:  # the peer failing must not cost the other figures
+                        compile_error = f"failed at batch {batch}: {type(exc).__name__}: {_first_line(exc)}"
+                        notes.append(f"{name}: the torch.compile peer {compile_error}")
+                        compiled = None
+                    else:
+                        variants[COMPILE] = step
                     compile_seconds += time.perf_counter() - first
-                    variants[COMPILE] = step
                 rounds, iters = _repetitions(variants, timer, budget, models_left, len(sizes) - index, args)
                 samples = time_interleaved(variants, timer, rounds=rounds, iters=iters)
                 entry = _size_result(batch, samples, rounds, iters)
@@ -255,14 +262,23 @@ def measure_model(
                 )
                 result["sizes"].append(entry)
                 _print_progress(name, batch, result["sizes"][-1])
-            if compiled is not None:
-                result["compile"] = {"first_calls_s": compile_seconds, **trees.as_dict()}
+            if trees is not None:
+                result["compile"] = {
+                    "first_calls_s": compile_seconds,
+                    "error": compile_error,
+                    **trees.as_dict(),
+                }
     del runner, bare, compiled, kv_cache, model
     if on_cuda:
         torch._dynamo.reset()
         gc.collect()
         torch.cuda.empty_cache()
     return result, notes
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""
 
 
 @contextmanager
@@ -367,12 +383,24 @@ def run(args: Any) -> dict[str, Any]:
     models = ["tiny"] if args.quick else args.models
     sizes = [1, 2, 4] if args.quick else power_of_two_sizes(args.max_batch)
     args.sizes_per_model_estimate = len(sizes)
-    results, notes = [], []
+    results: list[dict[str, Any]] = []
+    notes: list[str] = []
+    failed: list[str] = []
     for index, name in enumerate(models):
-        result, model_notes = measure_model(name, sizes, device, budget, len(models) - index, args)
+        try:
+            result, model_notes = measure_model(name, sizes, device, budget, len(models) - index, args)
+        except Exception as exc:  # one model failing (e.g. out of memory) keeps the other's figures
+            traceback.print_exc()
+            failed.append(name)
+            notes.append(f"{name}: FAILED, no figures: {type(exc).__name__}: {_first_line(exc)}")
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
         results.append(result)
         notes.extend(n for n in model_notes if n not in notes)
-    targets = _targets(results, device)
+    args.failed_models = failed
+    targets = _targets(results, device) if results else []
     config = {
         "models": models,
         "batch_sizes": sizes,
@@ -383,6 +411,7 @@ def run(args: Any) -> dict[str, Any]:
         "compile_models": [m for m in models if m in args.compile_models or args.quick]
         if device.type == "cuda"
         else [],
+        "failed_models": failed,
         "budget_s": args.budget_s,
         "elapsed_s": budget.elapsed,
         "quick": args.quick,
@@ -491,8 +520,9 @@ def main(argv: list[str] | None = None) -> int:
         help="models that get the torch.compile peer (its two compiles, static then dynamic, take "
         "the most time of this benchmark; pass none to leave it out)",
     )
-    run(parser.parse_args(argv))
-    return 0
+    args = parser.parse_args(argv)
+    run(args)
+    return 1 if args.failed_models else 0
 
 
 if __name__ == "__main__":

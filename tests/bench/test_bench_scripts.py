@@ -168,3 +168,42 @@ def test_run_gpu_passes_when_every_selected_benchmark_succeeds(tmp_path: Path) -
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gpu_overhead   ok" in proc.stdout
     assert json.loads((tmp_path / "out" / "gpu_overhead.json").read_text())["benchmark"] == "gpu_overhead"
+
+
+def test_decode_keeps_the_other_models_figures_when_one_fails(tmp_path: Path, monkeypatch) -> None:
+    """An out-of-memory on one model must not cost the whole run: its figures go, the rest stay."""
+    from bench import gpu_decode
+
+    real = gpu_decode.measure_model
+    calls = []
+
+    def first_model_fails(name, *args, **kwargs):
+        calls.append(name)
+        if len(calls) == 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 25.88 GiB\nmore detail")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(gpu_decode, "measure_model", first_model_fails)
+    out = tmp_path / "decode.json"
+    argv = [
+        "--models",
+        "tiny",
+        "tiny",
+        "--max-batch",
+        "2",
+        "--rounds",
+        "2",
+        "--iters",
+        "2",
+        "--out",
+        str(out),
+    ]
+    assert gpu_decode.main(argv) == 1
+    payload = json.loads(out.read_text())
+    assert len(payload["results"]) == 1
+    assert [s["batch"] for s in payload["results"][0]["sizes"]] == [1, 2]
+    assert payload["config"]["failed_models"] == ["tiny"]
+    assert (
+        "tiny: FAILED, no figures: RuntimeError: CUDA out of memory. Tried to allocate 25.88 GiB"
+        in payload["notes"]
+    )
