@@ -83,7 +83,7 @@ class CUDAGraphWrapper:
 
     @property
     def graphs(self) -> Mapping[BatchDescriptor, GraphEntry]:
-        """What this wrapper holds: descriptor -> captured graph entry (read-only view)."""
+        """What this wrapper holds: descriptor -> captured graph entry (a copy, for inspection)."""
         return dict(self._graphs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
