@@ -119,6 +119,12 @@ def build(
     return runner, log, time.perf_counter() - started
 
 
+def shared_pool_bytes(runner: MixedBatchRunner, on_cuda: bool) -> int:
+    """What a runner's one shared graph pool reserves in all (0 for the eager backend)."""
+    pool = getattr(runner.runtime.backend, "pool", None)
+    return pool_reserved_bytes(pool) if on_cuda and pool is not None else 0
+
+
 def max_error(runner: MixedBatchRunner, batch: FlatBatch, reference_kv: torch.Tensor) -> tuple[float, float]:
     """Largest |graph - eager| over the logits of one step on a copy of the same cache, and the scale."""
     saved = runner.kv_cache.clone()
@@ -171,23 +177,41 @@ def main() -> int:
 
     piecewise, pw_log, pw_capture_s = build(model, CUDAGraphMode.PIECEWISE, sizes, on_cuda)
     full, full_log, full_capture_s = build(model, CUDAGraphMode.FULL_AND_PIECEWISE, sizes, on_cuda)
-    pool = getattr(piecewise.runtime.backend, "pool", None)
-    pool_total = pool_reserved_bytes(pool) if on_cuda and pool is not None else 0
+    pool_total = shared_pool_bytes(piecewise, on_cuda)
+    full_and_pw_pool_total = shared_pool_bytes(full, on_cuda)
+    # The FULL decode graph of each size, from the FULL_AND_PIECEWISE runner (its own shared pool).
+    full_graphs = {e.descriptor.num_tokens: e for e in full_log.captures if e.mode is CUDAGraphMode.FULL}
     graphs = [
         {
             "num_tokens": e.descriptor.num_tokens,
             "segments": e.num_segments,
             "pool_bytes": e.pool_bytes,
             "capture_s": e.capture_seconds,
+            "full_decode_pool_bytes": full_graphs[e.descriptor.num_tokens].pool_bytes,
+            "full_decode_capture_s": full_graphs[e.descriptor.num_tokens].capture_seconds,
         }
         for e in pw_log.captures
     ]
     print_table(
-        f"Piecewise graphs (PIECEWISE runner, shared pool, captured largest first in {pw_capture_s:.1f}s)",
-        ("tokens", "segments", "pool MiB", "capture s"),
-        [(g["num_tokens"], g["segments"], g["pool_bytes"] / 2**20, g["capture_s"]) for g in graphs],
+        f"Graphs by size, largest first: piecewise (PIECEWISE runner, captured in {pw_capture_s:.1f}s) "
+        "and FULL decode (FULL_AND_PIECEWISE runner)",
+        ("tokens", "segments", "pw pool MiB", "pw capture s", "full pool MiB", "full capture s"),
+        [
+            (
+                g["num_tokens"],
+                g["segments"],
+                g["pool_bytes"] / 2**20,
+                g["capture_s"],
+                g["full_decode_pool_bytes"] / 2**20,
+                g["full_decode_capture_s"],
+            )
+            for g in graphs
+        ],
     )
-    print(f"shared pool of the piecewise graphs: {pool_total / 2**20:.1f} MiB reserved in all")
+    print(
+        f"shared pool reserved: piecewise graphs {pool_total / 2**20:.1f} MiB; "
+        f"FULL + piecewise graphs {full_and_pw_pool_total / 2**20:.1f} MiB"
+    )
 
     timer = CallTimer(device)
     results: list[dict[str, Any]] = []
@@ -269,6 +293,7 @@ def main() -> int:
         results={
             "piecewise_graphs": graphs,
             "piecewise_pool_total_bytes": pool_total,
+            "full_and_piecewise_pool_total_bytes": full_and_pw_pool_total,
             "piecewise_capture_s": pw_capture_s,
             "full_and_piecewise_capture_s": full_capture_s,
             "full_and_piecewise_graphs": len(full_log.captures),
