@@ -13,6 +13,7 @@ sink's ``on_replay`` (itself a counter bump). Everything else happens at capture
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
@@ -224,7 +225,7 @@ class Hooks:
         @functools.wraps(original)
         def make_graphed_callables(callables: Any, sample_args: Any, *args: Any, **kwargs: Any) -> Any:
             frames = capture_frames(sys._getframe(1))
-            site = find_call_site(frames)
+            site = dataclasses.replace(find_call_site(frames), via="torch.cuda.make_graphed_callables")
             del frames
             leaves = torch.utils._pytree.tree_leaves(sample_args)
             named = [(f"sample_args[{i}]", t) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]

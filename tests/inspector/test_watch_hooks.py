@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 
@@ -131,6 +132,51 @@ def test_the_same_code_and_shapes_captured_again_get_the_next_ordinal(collector:
     assert len(set(keys)) == 3
     assert " capture 2 #" in keys[1] and " capture 3 #" in keys[2] and " capture" not in keys[0]
     assert not collector.violations  # repeats at start-up are not a storm
+
+
+class _Stream:
+    def wait_stream(self, other: object) -> None:
+        pass
+
+
+@pytest.fixture
+def cuda_api_on_cpu(collector: Collector, monkeypatch: pytest.MonkeyPatch) -> Collector:
+    """torch.cuda's stream and sync calls as no-ops, so ``torch.cuda.graph`` and
+    ``make_graphed_callables`` run their real Python code on the eager stand-in."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: None, raising=False)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: _Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _Stream())
+    monkeypatch.setattr(torch.cuda.graphs, "graph_pool_handle", lambda: (0, 424242))
+    monkeypatch.setattr(torch.cuda.graph, "default_capture_stream", None)
+    return collector
+
+
+def test_torch_cuda_graph_names_the_with_line_not_torch(cuda_api_on_cpu: Collector) -> None:
+    watch.install(cuda_api_on_cpu)
+    graph = torch.cuda.CUDAGraph()
+    x = torch.zeros(5, 4)
+    with torch.cuda.graph(graph):
+        MODEL(x)
+    (event,) = cuda_api_on_cpu.captures
+    assert "in test_torch_cuda_graph_names_the_with_line_not_torch" in event.wrapper
+    assert "graphs.py" not in event.wrapper and "via" not in event.wrapper
+    assert event.input_names == ("Linear.args[0]",) and event.descriptor.num_tokens == 5
+
+
+def test_make_graphed_callables_captures_are_labelled_by_the_call(cuda_api_on_cpu: Collector) -> None:
+    watch.install(cuda_api_on_cpu)
+    module = torch.nn.Linear(4, 4)
+    sample = torch.zeros(6, 4, requires_grad=True)
+    torch.cuda.make_graphed_callables(module, (sample,), num_warmup_iters=1)
+    forward, backward = cuda_api_on_cpu.captures
+    assert "graphed capture 0" in forward.descriptor.key and "graphed capture 1" in backward.descriptor.key
+    assert all("in test_make_graphed_callables_captures" in c.wrapper for c in (forward, backward))
+    assert forward.wrapper.endswith("via torch.cuda.make_graphed_callables")
+    assert forward.input_names == ("sample_args[0]",) and forward.input_addresses == (sample.data_ptr(),)
+    assert forward.descriptor.num_tokens == 6 and not cuda_api_on_cpu.violations
 
 
 def test_inputs_unseen_in_frames_come_from_the_first_module_call(collector: Collector) -> None:
