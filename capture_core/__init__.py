@@ -5,6 +5,26 @@ capture sizes and the dispatcher (which graph a batch replays), the forward cont
 (shared pool, capture lock, checks, observer), the wrapper, static buffers and the decode runner;
 then piecewise graphs for mixed batches, the reference decoder and the traffic model. Micro-
 batching lives in the ``capture_core.ubatch`` subpackage (imported here as ``ubatch``).
+
+A decode loop on the graph cache (CUDA graphs on a GPU, the eager stand-in elsewhere)::
+
+    import torch
+    from capture_core import DecodeRunner, GraphRuntime, ModelConfig, ReferenceDecoder
+
+    model = ReferenceDecoder(ModelConfig.tiny(max_num_seqs=8, max_seq_len=32))
+    runtime = GraphRuntime("auto", address_check="always_on", unexpected_capture="raise")
+    runner = DecodeRunner(model, runtime, sizes=[1, 2, 4, 8])
+    runner.capture()                        # largest first, one shared pool; then capture locks
+    slots = torch.tensor([0, 3, 5])
+    tokens = torch.tensor([17, 42, 7])
+    for position in range(4):
+        logits = runner.step(tokens, torch.full((3,), position), slots)   # padded to the bucket of 4
+        tokens = logits.argmax(-1)
+
+Any callable becomes graph-served the same way: wrap it in ``CUDAGraphWrapper(fn, runtime)`` and
+call it under ``set_forward_context(CUDAGraphMode.FULL, BatchDescriptor(num_tokens))``, on static
+inputs that are refilled with ``copy_`` (the address check reports any that move). Pass an
+observer (``inspector.Recorder``, or anything with the ``GraphObserver`` methods) to record it.
 """
 
 from capture_core import ubatch

@@ -23,3 +23,19 @@ def test_importing_capture_core_pulls_in_no_inspector_database_or_web_code():
     loaded = {name.split(".")[0] for name in json.loads(out.stdout)}
     forbidden = {"inspector", "dashboard", "sqlalchemy", "alembic", "flask", "prometheus_client", "waitress"}
     assert loaded & forbidden == set()
+
+
+def test_the_package_docstring_example_runs(observer):
+    """The decode loop shown in ``capture_core.__doc__`` works as printed."""
+    doc = capture_core.__doc__
+    lines = []
+    for line in doc.split("::\n\n", 1)[1].splitlines():
+        if line and not line.startswith("    "):
+            break  # the prose after the indented block
+        lines.append(line[4:])
+    code = "\n".join(lines)
+    namespace: dict = {}
+    exec(compile(code, "capture_core.__doc__", "exec"), namespace)
+    runner = namespace["runner"]
+    assert runner.runtime.locked and len(runner.graphs) == 4
+    assert namespace["tokens"].shape == (3,)
