@@ -35,6 +35,7 @@ from capture_core.sizes import SizeTable, capture_sizes
 from capture_core.traffic import (
     PaddingStats,
     TrafficConfig,
+    batch_size_histogram,
     batch_size_stats,
     decode_batch_sizes,
     load_trace,
@@ -99,7 +100,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                                 step_seconds=DEMO_STEP_SECONDS, seed=args.seed)
     demo_sizes = decode_batch_sizes(trace, demo_config, DEMO_STEPS)
     demo: dict[str, object] = {"speedup": DEMO_SPEEDUP, "steps": DEMO_STEPS, "warmup_steps": 0,
-                               "batch": asdict(batch_size_stats(demo_sizes))}
+                               "batch": asdict(batch_size_stats(demo_sizes)),
+                               "histogram": batch_size_histogram(demo_sizes)}
     demo.update({p: policy_figures(padding_stats(demo_sizes, t)) for p, t in tables.items()})
 
     mixed_config = TrafficConfig(max_num_seqs=args.max_batch, speedup=4.0, seed=args.seed,

@@ -21,7 +21,7 @@ import os
 import random
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -239,11 +239,11 @@ class _Running:
     decoded: int = 0
 
 
-@dataclass(order=True, slots=True)
+@dataclass(frozen=True, slots=True)
 class _Arrival:
     engine_time_s: float
     request_id: int
-    request: TraceRequest = field(compare=False)
+    request: TraceRequest
 
 
 class ContinuousBatchScheduler:

@@ -17,8 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_demo(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GRAPH_INSPECTOR_DEBUG": ""}
+def run_demo(*args: str, timeout: float = 240, debug: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GRAPH_INSPECTOR_DEBUG": "1" if debug else ""}
     return subprocess.run(
         [sys.executable, "-m", "dashboard.cli", "demo", *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
@@ -64,7 +64,7 @@ def test_demo_says_which_backend_and_prints_a_summary(faulted_run) -> None:
     _, result = faulted_run
     out = result.stdout
     assert "eager backend" in out
-    for word in ("graphs", "hit ratio", "padding waste", "fallbacks", "violations", "injected"):
+    for word in ("graphs", "hit ratio", "padding waste", "fallbacks", "violations", "injected faults"):
         assert word in out, f"summary lacks {word!r}:\n{out}"
     assert "Traceback" not in result.stderr
 
@@ -87,6 +87,18 @@ def test_demo_without_faults_records_no_violations_and_same_seed_same_traffic(tm
     assert histograms[0] == histograms[1]
     assert len(histograms[0]) > 3, "the batch size should change from step to step"
     assert "injected" not in result.stdout
+
+
+@pytest.mark.slow
+def test_debug_checks_raise_on_the_injected_drift_and_the_demo_still_finishes(tmp_path: Path) -> None:
+    db = tmp_path / "debug.db"
+    result = run_demo("--no-serve", "--steps", "12", "--backend", "eager", "--max-batch", "16",
+                      "--speedup", "40", "--db", f"sqlite:///{db}", debug=True)
+    assert result.returncode == 0, explain(result)
+    assert "debug address checks are on" in result.stdout
+    assert rows(db, "SELECT kind, injected FROM violations ORDER BY kind") == [
+        ("address_drift", 1), ("unexpected_capture", 1)]
+    assert rows(db, "SELECT config LIKE '%\"address_check\": \"debug\"%' FROM runs") == [(1,)]
 
 
 @pytest.mark.parametrize(

@@ -393,6 +393,9 @@ def _print_summary(store: Any, recorder: Any, runner: DecodeRunner, result: Demo
     if injected:
         line += f"; {injected} injected on purpose by the demo"
     print(line)
+    if result.drift_step is not None:
+        print(f"  injected faults   an address drift at step {result.drift_step} and an unexpected capture "
+              f"at step {result.unexpected_step}, labelled 'injected' on every page")
     if result.drift_raised:
         print("  (debug address checks are on: the injected drift raised, as it would in CI)")
     print(f"  database          {url}")
