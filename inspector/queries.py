@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from inspector.metrics import LIVE_AFTER_S
 from inspector.models import EagerTotal, Graph, ReplayTotal, ReplayWindow, Run, Violation
-from inspector.rollup import Rollup, Traffic
+from inspector.rollup import Rollup, Traffic, integer_sum
 
 GRAPH_SORTS = {
     "id": Graph.id,
@@ -110,7 +110,7 @@ class Queries:
                     entry = sizes.setdefault((mode, size), _size_row(mode, size))
                     entry[side] = _traffic(traffic)
                 graphs = session.execute(
-                    select(Graph.mode, Graph.num_tokens, func.sum(Graph.pool_bytes), func.count(Graph.id))
+                    select(Graph.mode, Graph.num_tokens, integer_sum(Graph.pool_bytes), func.count(Graph.id))
                     .where(Graph.run_id == run_id)
                     .group_by(Graph.mode, Graph.num_tokens)
                 ).all()
@@ -127,7 +127,7 @@ class Queries:
         graph_totals = {
             run_id: (count, pool, capture)
             for run_id, count, pool, capture in session.execute(
-                select(Graph.run_id, func.count(Graph.id), func.sum(Graph.pool_bytes),
+                select(Graph.run_id, func.count(Graph.id), integer_sum(Graph.pool_bytes),
                        func.sum(Graph.capture_seconds))
                 .where(Graph.run_id.in_(ids))
                 .group_by(Graph.run_id)
@@ -166,8 +166,8 @@ class Queries:
                 ).all()
             )
             totals = session.execute(
-                select(func.count(Graph.id), func.sum(Graph.pool_bytes), func.sum(Graph.capture_seconds),
-                       func.sum(case((Graph.unexpected, 1), else_=0)))
+                select(func.count(Graph.id), integer_sum(Graph.pool_bytes), func.sum(Graph.capture_seconds),
+                       integer_sum(case((Graph.unexpected, 1), else_=0)))
                 .where(*graph_filter)
             ).one()
             memory = session.execute(
@@ -342,7 +342,7 @@ def _traffic_by(
 ) -> dict[tuple, Traffic]:
     """Replay totals grouped by ``keys`` (key tuple -> Traffic; the empty tuple without keys)."""
     t = ReplayTotal
-    query = select(*keys, func.sum(t.replays), func.sum(t.real_tokens), func.sum(t.padded_tokens))
+    query = select(*keys, integer_sum(t.replays), integer_sum(t.real_tokens), integer_sum(t.padded_tokens))
     if run_ids is not None:
         query = query.where(t.run_id.in_(run_ids))
     if graph_ids is not None:
@@ -362,7 +362,7 @@ def _eager_by(
 ) -> dict[tuple, tuple[int, int]]:
     """Eager batches and tokens grouped by ``keys``."""
     t = EagerTotal
-    query = select(*keys, func.sum(t.batches), func.sum(t.tokens)).group_by(*keys)
+    query = select(*keys, integer_sum(t.batches), integer_sum(t.tokens)).group_by(*keys)
     if run_ids is not None:
         query = query.where(t.run_id.in_(run_ids))
     return {tuple(key): (batches, tokens) for *key, batches, tokens in session.execute(query)}

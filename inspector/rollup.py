@@ -161,7 +161,7 @@ class Rollup:
         w = ReplayWindow
         bucket = _bucket(conn, w.window_start, grain)
         for run_id, index, replays, real, padded in conn.execute(
-            select(w.run_id, bucket, func.sum(w.replays), func.sum(w.real_tokens), func.sum(w.padded_tokens))
+            select(w.run_id, bucket, *(integer_sum(c) for c in (w.replays, w.real_tokens, w.padded_tokens)))
             .where(w.id > self._last_ids["replay"], w.id <= upto)
             .group_by(w.run_id, bucket)
         ):
@@ -171,7 +171,7 @@ class Rollup:
         e = EagerFallback
         bucket = _bucket(conn, e.window_start, grain)
         for run_id, index, batches in conn.execute(
-            select(e.run_id, bucket, func.sum(e.batches))
+            select(e.run_id, bucket, integer_sum(e.batches))
             .where(e.id > self._last_ids["eager"], e.id <= upto)
             .group_by(e.run_id, bucket)
         ):
@@ -180,7 +180,7 @@ class Rollup:
     def _fold_batch_sizes(self, conn: Connection, upto: int) -> None:
         b = BatchSizeCount
         for run_id, size, batches in conn.execute(
-            select(b.run_id, b.num_tokens, func.sum(b.batches))
+            select(b.run_id, b.num_tokens, integer_sum(b.batches))
             .where(b.id > self._last_ids["sizes"], b.id <= upto)
             .group_by(b.run_id, b.num_tokens)
         ):
@@ -251,6 +251,11 @@ class Rollup:
             for index, traffic in run.series.buckets.items():
                 merged[int((index * run.series.width - first) // width)].add(traffic)
         return [(first + i * width, merged[i]) for i in sorted(merged)]
+
+def integer_sum(column: ColumnElement[Any]) -> ColumnElement[int]:
+    """SUM that stays an integer: PostgreSQL sums bigints as numeric (a Decimal in Python)."""
+    return cast(func.sum(column), BigInteger)
+
 
 def _scope(run_ids: Iterable[int] | None) -> tuple[int, ...] | None:
     return None if run_ids is None else tuple(sorted(run_ids))
