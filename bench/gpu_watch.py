@@ -26,7 +26,6 @@ Without CUDA every part says it was skipped (the CPU tests cover the hooks on an
 
 from __future__ import annotations
 
-import os
 import random
 import secrets
 import sys
@@ -455,7 +454,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=200, help="replays per timed burst")
     parser.add_argument("--repeats", type=int, default=400, help="most bursts per variant")
     args = parser.parse_args(argv)
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(16, os.cpu_count() or 1)))
     run(args)
     return 0
 

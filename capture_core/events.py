@@ -22,6 +22,8 @@ class ViolationKind(str, enum.Enum):
     UNEXPECTED_CAPTURE = "unexpected_capture"
     RERECORD_STORM = "rerecord_storm"
     """One call site capturing again and again once its graphs are in use (graph-inspector watch)."""
+    COMPILE_SKIP = "compile_skip"
+    """torch.compile gave up on CUDA graphs for a function, with its reason (graph-inspector watch)."""
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ class CallSite:
     @property
     def key(self) -> str:
         """A short key for the call site alone (re-recording storms are counted per site)."""
-        return f"{self.short} site #{_digest(self.stable)}"
+        return f"{self.short} site #{digest(self.stable)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +113,10 @@ class GraphIdentity:
     @property
     def key(self) -> str:
         """Stable, unique and at most 128 characters: readable head, digest of everything."""
-        digest = _digest(f"{self.site.stable}|{self.shapes}|{self.label}")
+        tail = f" #{digest(f'{self.site.stable}|{self.shapes}|{self.label}')}"
         head = f"{self.site.short} {self.shapes_text}"
         if self.label:
             head += f" {self.label}"
-        tail = f" #{digest}"
         return _clip(head, KEY_LIMIT - len(tail)) + tail
 
     @property
@@ -279,7 +278,8 @@ def _address(tensor: torch.Tensor) -> int:
         return 0  # tensors without storage (meta, fake) have no address to bake in
 
 
-def _digest(text: str) -> str:
+def digest(text: str) -> str:
+    """A short stable digest: keys stay unique when their readable part is clipped."""
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 

@@ -25,10 +25,13 @@ from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, GraphObserver, ViolationEvent, ViolationKind
 from capture_core.modes import CUDAGraphMode
 from inspector.watch.identity import (
+    KEY_LIMIT,
+    WRAPPER_LIMIT,
     CallSite,
     CapturedInputs,
     GraphIdentity,
     WatchedDescriptor,
+    digest,
     find_call_site,
     find_inputs,
     format_stack,
@@ -301,10 +304,28 @@ class Watcher:
         self._deliver(self.observer.on_violation, event)
 
     def compile_event(self, event: CompileEvent) -> None:
-        """A skip or re-record reported by torch.compile's cudagraph trees."""
+        """A skip or re-record reported by torch.compile's cudagraph trees.
+
+        A skip is also a violation: the compiler silently gave up on graphs for a function, which
+        is what a user of ``mode="reduce-overhead"`` must be told (on every page and report that
+        lists violations). Re-records are counted in ``compile_events`` and, when they pile up at
+        one call site, show up as a re-recording storm.
+        """
         self.compile_events.append(event)
         if isinstance(self.observer, CompileEventSink):
             self._deliver(self.observer.on_compile_event, event)
+        if event.kind is CompileEventKind.SKIP:
+            where = f"torch.compile {event.function}".strip()
+            identity = _clip_key(f"torch.compile skip: {event.reason}", digest_of=event.reason)
+            violation = ViolationEvent(
+                kind=ViolationKind.COMPILE_SKIP,
+                descriptor=WatchedDescriptor(num_tokens=1, identity=identity),
+                mode=CUDAGraphMode.FULL,
+                wrapper=where[:WRAPPER_LIMIT],
+                message=event.message,
+                seen_at=event.seen_at,
+            )
+            self._deliver(self.observer.on_violation, violation)
 
     def _deliver(self, method: object, event: object) -> None:
         try:
@@ -313,3 +334,9 @@ class Watcher:
             self.sink_errors += 1
             if self.sink_errors == 1:
                 log.warning("graph-inspector watch: the recorder failed; the engine goes on", exc_info=True)
+
+
+def _clip_key(text: str, *, digest_of: str) -> str:
+    tail = f" #{digest(digest_of)}"
+    head = text if len(text) + len(tail) <= KEY_LIMIT else text[: KEY_LIMIT - len(tail) - 3] + "..."
+    return head + tail

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from test_watch_hooks import Collector
 
 from inspector import watch
-from inspector.models import CompileRecord, Graph, ReplayTotal
+from inspector.models import CompileRecord, Graph, ReplayTotal, Violation
 from inspector.store import open_store
 from inspector.watch.compile_log import SKIP_LOGGER, TREES_LOGGER
 from inspector.watch.watcher import CompileEventKind
@@ -116,5 +116,7 @@ def test_torch_compile_trees_are_watched_and_a_mutated_input_skip_is_recorded(tm
         assert replays >= 3  # warm-up, record, then replays
         skips = [e for e in session.scalars(select(CompileRecord)) if e.kind == CompileEventKind.SKIP.value]
         assert any("mutated inputs" in e.reason for e in skips)
+        kinds = {v.kind for v in session.scalars(select(Violation))}
+        assert "compile_skip" in kinds
     store.dispose()
     assert logging.getLogger(TREES_LOGGER).filters == [] and logging.getLogger(SKIP_LOGGER).filters == []

@@ -368,6 +368,10 @@ def test_a_skip_log_line_becomes_a_compile_event_and_still_reaches_the_user(
     (event,) = collector.compile_events
     assert event.kind is CompileEventKind.SKIP
     assert event.reason == "mutated inputs (1 instances). Found from : model.py:12"
+    (violation,) = collector.violations  # the compiler gave up on graphs: the user is told
+    assert violation.kind is ViolationKind.COMPILE_SKIP
+    assert violation.message.startswith("skipping cudagraphs due to mutated inputs")
+    assert violation.descriptor.key.startswith("torch.compile skip: mutated inputs")
     assert [r.getMessage()[:19] for r in console.records] == ["skipping cudagraphs"]
 
 

@@ -66,7 +66,8 @@ def test_a_watched_process_lands_in_the_database(db: str) -> None:
         )
         assert replays == {rows[0].descriptor_key: 5, rows[1].descriptor_key: 1}
         kinds = {v.kind: v for v in session.scalars(select(Violation))}
-        assert set(kinds) == {"unexpected_capture", "rerecord_storm"}
+        assert set(kinds) == {"unexpected_capture", "rerecord_storm", "compile_skip"}
+        assert kinds["compile_skip"].count == 2  # one finding, seen twice
         assert kinds["unexpected_capture"].descriptor_key == rows[3].descriptor_key
         assert "capture(torch.zeros(3, 4))" in kinds["unexpected_capture"].stack
         (skip,) = session.scalars(select(CompileRecord))
@@ -75,7 +76,7 @@ def test_a_watched_process_lands_in_the_database(db: str) -> None:
     summary = watch_summary(store, label="decode-loop")
     assert [g.replays for g in summary.graphs] == [5, 1, 0, 0]
     assert [g.num_tokens for g in summary.never_replayed] == [2, 3]
-    assert summary.violations == {"unexpected_capture": 1, "rerecord_storm": 1}
+    assert summary.violations == {"unexpected_capture": 1, "rerecord_storm": 1, "compile_skip": 2}
     text = summary.render()
     assert "4 graph(s), 6 replay(s)" in text and "never replayed: 2 graph(s)" in text
     assert "torch.compile skip x2: mutated inputs (2 instances)" in text
