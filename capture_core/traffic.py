@@ -367,12 +367,7 @@ class ContinuousBatchScheduler:
         """The first ``num_steps`` steps."""
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
-        out: list[Step] = []
-        for step in self.steps():
-            if len(out) == num_steps:
-                break
-            out.append(step)
-        return out
+        return list(itertools.islice(self.steps(), num_steps))
 
 
 def decode_batch_sizes(trace: Trace, config: TrafficConfig, num_steps: int) -> list[int]:

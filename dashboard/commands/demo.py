@@ -12,6 +12,7 @@ capture, check and event identical.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
@@ -336,9 +337,7 @@ def _decode(runner: DecodeRunner, trace: Any, args: argparse.Namespace, torch: A
     interval = 0.1 if sys.stderr.isatty() else 5.0
     with tqdm(total=args.steps, desc="Decoding", unit="step", file=sys.stderr, dynamic_ncols=True,
               mininterval=interval) as bar:
-        for step in scheduler.steps():
-            if step.index >= args.steps:
-                break
+        for step in itertools.islice(scheduler.steps(), args.steps):
             input_ids, positions, slots = tokens.inputs(step)
             if step.index == drift_step:
                 try:
