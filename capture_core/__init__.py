@@ -11,7 +11,8 @@ A decode loop on the graph cache (CUDA graphs on a GPU, the eager stand-in elsew
     import torch
     from capture_core import DecodeRunner, GraphRuntime, ModelConfig, ReferenceDecoder
 
-    model = ReferenceDecoder(ModelConfig.tiny(max_num_seqs=8, max_seq_len=32))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = ReferenceDecoder(ModelConfig.tiny(max_num_seqs=8, max_seq_len=32, device=device))
     runtime = GraphRuntime("auto", address_check="always_on", unexpected_capture="raise")
     runner = DecodeRunner(model, runtime, sizes=[1, 2, 4, 8])
     runner.capture()                        # largest first, one shared pool; then capture locks

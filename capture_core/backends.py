@@ -145,6 +145,7 @@ class CudaGraphBackend:
         kwargs: Mapping[str, Any],
         warmup_iters: int,
     ) -> CudaGraph:
+        _require_cuda_work(fn, args, kwargs)
         pool = self._next_pool()
         if self._side_stream is None:
             self._side_stream = torch.cuda.Stream()
@@ -169,6 +170,30 @@ class CudaGraphBackend:
         # Capturing records kernels without running them: replay once so the outputs are real.
         graph.replay()
         return CudaGraph(graph, outputs, seconds, pool_bytes, pool)
+
+
+def _require_cuda_work(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuse a capture whose tensor inputs are all on the CPU.
+
+    CPU work runs immediately during a capture and is not recorded, so such a "graph" would
+    replay nothing and hand back the capture run's outputs forever: silently wrong, never slow.
+    A callable without tensor inputs (a closure over its buffers, as a micro-batched step is)
+    cannot be judged from here and is let through.
+    """
+    tensors = [
+        item
+        for value in (*args, *kwargs.values())
+        for item in (value if isinstance(value, (list, tuple)) else (value,))
+        if isinstance(item, torch.Tensor)
+    ]
+    if not tensors or any(t.is_cuda for t in tensors):
+        return
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    raise GraphCacheError(
+        f"cannot capture {name!r} as a CUDA graph: none of its tensor inputs is on a CUDA device, "
+        "and CPU work is not recorded in a graph. Move the model and its inputs to the GPU, or use "
+        "backend='eager'."
+    )
 
 
 class EagerGraph:

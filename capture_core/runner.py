@@ -58,6 +58,11 @@ class DecodeRunner:
             raise ValueError("pass max_num_seqs: the model has no config.max_num_seqs")
         self.max_num_seqs: int = max_num_seqs
         self.device = torch.device(device if device is not None else getattr(config, "device", "cpu"))
+        if runtime.backend_name == "cuda" and self.device.type != "cuda":
+            raise ValueError(
+                f"the cuda graph backend records CUDA work, but the model is on {self.device}: "
+                "move it to the GPU (ModelConfig(device='cuda')) or use the eager backend"
+            )
         self.model = model
         self.runtime = runtime
         self.mode = mode

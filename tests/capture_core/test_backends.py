@@ -144,3 +144,12 @@ def test_a_shared_pool_captured_largest_first_is_smaller_than_a_pool_per_graph()
     shared = pool_total(True, sizes)
     separate = pool_total(False, sizes)
     assert 0 < shared < separate
+
+
+def test_a_cuda_capture_of_cpu_work_is_refused_not_silently_empty():
+    from capture_core.backends import _require_cuda_work
+
+    with pytest.raises(GraphCacheError, match=r"none of its tensor inputs is on a CUDA device") as raised:
+        _require_cuda_work(affine, (torch.ones(2, 3), [torch.eye(3)]), {"scale": 2})
+    assert "'affine'" in str(raised.value) and "backend='eager'" in str(raised.value)
+    _require_cuda_work(lambda: None, (), {})  # a closure over its own buffers cannot be judged

@@ -165,3 +165,17 @@ def test_an_observer_attached_after_construction_sees_every_event(model, observe
     runner.step(*batch(5, seed=0))
     assert len(observer.captures) == 2 and len(observer.replays) == 1
     assert observer.eagers == [(EagerReason.ABOVE_MAX_CAPTURE_SIZE, 5, FULL)]
+
+
+class _NamedCuda:
+    """Stands in for the CUDA backend's name only: the runner must refuse before any capture."""
+
+    name = "cuda"
+
+    def capture(self, fn, args, kwargs, warmup_iters):
+        raise AssertionError("the runner should have refused first")
+
+
+def test_a_cpu_model_on_the_cuda_backend_is_refused(model):
+    with pytest.raises(ValueError, match="move it to the GPU"):
+        DecodeRunner(model, GraphRuntime(_NamedCuda(), progress=False), SIZES)
