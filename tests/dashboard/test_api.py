@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 
 from dashboard.params import MAX_PER_PAGE
+from dashboard.sample import touch_run
 
 
 def get_ok(client: FlaskClient, url: str) -> dict:
@@ -26,7 +28,10 @@ def get_error(client: FlaskClient, url: str, status: int, method: str = "GET") -
     return body["error"]
 
 
-def test_summary_totals_match_the_seeded_traffic(client: FlaskClient, seeded: dict[str, int]) -> None:
+def test_summary_totals_match_the_seeded_traffic(
+    app: Flask, client: FlaskClient, seeded: dict[str, int]
+) -> None:
+    touch_run(app.extensions["graph_inspector"].store.engine, seeded["eager_run"])
     data = get_ok(client, "/api/summary")["data"]
     assert data["runs"]["total"] == 2
     assert data["runs"]["live"] == [seeded["eager_run"]]
@@ -93,7 +98,8 @@ def test_violations_filter_by_kind_and_run(client: FlaskClient, seeded: dict[str
     assert "Traceback" in injected["stack"]
 
 
-def test_runs_list_and_compare(client: FlaskClient, seeded: dict[str, int]) -> None:
+def test_runs_list_and_compare(app: Flask, client: FlaskClient, seeded: dict[str, int]) -> None:
+    touch_run(app.extensions["graph_inspector"].store.engine, seeded["eager_run"])
     runs = get_ok(client, "/api/runs")["data"]["items"]
     assert [r["id"] for r in runs] == [seeded["eager_run"], seeded["cuda_run"]]  # newest first
     assert runs[0]["live"] is True and runs[1]["live"] is False
