@@ -189,6 +189,38 @@ def test_vanished_directory_drops_with_a_count_and_never_raises(tmp_path: Path) 
     assert "does not exist" in (recorder.last_error or "")
 
 
+EXITING_CHILD = """
+import sys
+from workers import FULL, capture, drift
+from capture_core.descriptor import BatchDescriptor
+from inspector.recorder import Recorder
+d = BatchDescriptor(4, 4, True)
+recorder = Recorder(sys.argv[1], flush_interval=3600).start()
+recorder.on_capture(capture(d))
+for _ in range(100):
+    recorder.on_replay(FULL, d, 3)
+recorder.on_violation(drift(d, actual=0x7000))
+sys.exit(0)  # no close(): the exit hook must flush
+"""
+
+
+def test_process_exit_without_close_flushes_the_last_window(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'exit.db'}"
+    result = subprocess.run(
+        [sys.executable, "-c", EXITING_CHILD, url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_child_env(),
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    assert _query(url, select(func.sum(ReplayWindow.replays)))[0][0] == 100
+    assert _query(url, select(func.count()).select_from(Violation))[0][0] == 1
+    assert _query(url, select(Run.ended_at))[0][0] is not None
+
+
+@pytest.mark.slow
 def test_four_processes_recording_into_one_database_lose_nothing(db_url: str) -> None:
     context = multiprocessing.get_context("spawn")
     replays_per_size, violations = 400, 25
@@ -211,6 +243,7 @@ def test_four_processes_recording_into_one_database_lose_nothing(db_url: str) ->
         assert graphs[0][0] == len(workers.SIZES)
 
 
+@pytest.mark.slow
 def test_sigkill_keeps_everything_flushed_before_it(db_url: str, tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.jsonl"
     child = subprocess.Popen(
