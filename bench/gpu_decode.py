@@ -260,6 +260,7 @@ def measure_model(
                 entry["check_host_pct_of_step"] = (
                     entry["check_host_us"] / (entry["variants"][CHECK]["median_ms"] * 1e3) * 100
                 )
+                entry["host_us_per_step"] = host_issue_us(variants, device, quick=args.quick)
                 result["sizes"].append(entry)
                 _print_progress(name, batch, result["sizes"][-1])
             if trees is not None:
@@ -349,6 +350,22 @@ def _size_result(batch: int, samples: dict[str, list[float]], rounds: int, iters
     return entry
 
 
+def host_issue_us(
+    variants: dict[str, Callable[[], Any]], device: torch.device, *, quick: bool
+) -> dict[str, float]:
+    """Host microseconds to issue one step (no synchronize between steps), for the graph variants.
+
+    This is the "why" behind a runner/bare ratio: a graph step's device time is the same for both,
+    so what the runner adds to a synchronized step is the host time it spends issuing it.
+    """
+    calls, repeats = (3, 2) if quick else (5, 3)
+    return {
+        name: Stats.of(host_us_per_call(variants[name], calls=calls, repeats=repeats, device=device)).median
+        for name in (BARE, RUNNER, CHECK)
+        if name in variants
+    }
+
+
 def check_host_us(runner: DecodeRunner, batch: int, *, quick: bool) -> float:
     """Host microseconds of the always-on check itself, on the very inputs the runner replays with.
 
@@ -374,7 +391,8 @@ def check_host_us(runner: DecodeRunner, batch: int, *, quick: bool) -> float:
 
 def _print_progress(name: str, batch: int, entry: dict[str, Any]) -> None:
     medians = ", ".join(f"{k} {v['median_ms']:.3f}" for k, v in entry["variants"].items())
-    print(f"  {name} batch {batch}: {medians} ms", flush=True)
+    host = ", ".join(f"{k} {v:.1f}" for k, v in entry["host_us_per_step"].items())
+    print(f"  {name} batch {batch}: {medians} ms; host us to issue a step: {host}", flush=True)
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -461,6 +479,12 @@ def _targets(results: list[dict[str, Any]], device: torch.device) -> list[dict[s
     return targets
 
 
+def _runner_host_added_us(entry: dict[str, Any]) -> float | None:
+    """Host time the runner spends issuing a step beyond the bare loop's (None without the bare loop)."""
+    host = entry["host_us_per_step"]
+    return host[RUNNER] - host[BARE] if BARE in host else None
+
+
 def _print_tables(results: list[dict[str, Any]]) -> None:
     for result in results:
         names = list(result["sizes"][0]["variants"])
@@ -474,11 +498,19 @@ def _print_tables(results: list[dict[str, Any]]) -> None:
         )
         print_table(
             f"{title}: ratio to {baseline} (same run), and the always-on check",
-            ("batch", *(f"{n}/{baseline}" for n in others), "check us", "check %", "step delta %"),
+            (
+                "batch",
+                *(f"{n}/{baseline}" for n in others),
+                "runner host +us",
+                "check us",
+                "check %",
+                "step delta %",
+            ),
             [
                 (
                     e["batch"],
                     *(e["ratio_to_baseline"][n] for n in others),
+                    _runner_host_added_us(e),
                     e["check_host_us"],
                     e["check_host_pct_of_step"],
                     e["check_step_delta_pct"],

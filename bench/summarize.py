@@ -139,6 +139,11 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
+def _runner_host_added(size: dict[str, Any]) -> float | None:
+    host = size.get("host_us_per_step", {})
+    return host["runner"] - host["bare"] if "runner" in host and "bare" in host else None
+
+
 def details(payload: dict[str, Any]) -> str:
     """The full tables of the benchmarks written in this folder's style."""
     name, results = payload["benchmark"], payload.get("results") or []
@@ -152,6 +157,7 @@ def details(payload: dict[str, Any]) -> str:
                     s["batch"],
                     *(s["variants"][n]["median_ms"] for n in names),
                     *(s["ratio_to_baseline"][n] for n in names if n != base),
+                    _runner_host_added(s),
                     s.get("check_host_pct_of_step"),
                 )
                 for s in r["sizes"]
@@ -160,6 +166,7 @@ def details(payload: dict[str, Any]) -> str:
                 "batch",
                 *(f"{n} ms" for n in names),
                 *(f"{n}/{base}" for n in names if n != base),
+                "runner host +us",
                 "check %",
             ]
             blocks.append(

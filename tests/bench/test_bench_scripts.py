@@ -59,6 +59,8 @@ def test_decode_quick_times_every_variant_at_every_size(quick_results) -> None:
         assert all(v["median_ms"] > 0 for v in size["variants"].values())
         assert size["baseline"] == ("bare" if ON_CUDA else "eager")
         assert size["ratio_to_baseline"][size["baseline"]] == 1.0
+        assert set(size["host_us_per_step"]) == {"runner", "+check"} | ({"bare"} if ON_CUDA else set())
+        assert size["check_host_us"] > 0
     if ON_CUDA:
         assert {"graphs_captured", "cudagraph_skips", "skip_reasons"} <= set(result["compile"])
     else:
