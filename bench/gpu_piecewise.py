@@ -41,7 +41,9 @@ from bench.common import (
     command_line,
     needs_cuda,
     print_table,
+    print_targets,
     resolve_device,
+    target,
     time_interleaved,
     write_results,
 )
@@ -276,6 +278,30 @@ def main() -> int:
     )
     all_equal = all(r["equal_to_eager"] for r in results)
     print(f"\npiecewise replays equal eager on every mix: {'yes' if all_equal else 'NO'}")
+    timed = on_cuda and not quick  # CPU and --quick figures are smoke, not results
+    mixed = [r for r in results if not r["uniform_decode"]]
+    decode = [r for r in results if r["uniform_decode"]]
+    targets = [
+        target(
+            "max |graph - eager| / tolerance, every mix",
+            max(max(r["max_abs_error"].values()) / r["tolerance"] for r in results),
+            1.0,
+        ),
+        target(
+            "piecewise / eager step time, mixed batches (worst mix)",
+            max(1 / r["speedup_vs_eager"][PIECEWISE] for r in mixed) if mixed else None,
+            1.0,
+            unit="x",
+            applies=timed,
+        ),
+        target(
+            "FULL / eager step time, uniform decode (worst mix)",
+            max(1 / r["speedup_vs_eager"][FULL] for r in decode) if decode else None,
+            1.0,
+            unit="x",
+            applies=timed,
+        ),
+    ]
     write_results(
         args.out,
         benchmark="gpu_piecewise",
@@ -300,9 +326,11 @@ def main() -> int:
             "mixes": results,
             "all_equal_to_eager": all_equal,
         },
+        targets=targets,
         notes=notes,
     )
     print(f"results written to {args.out}")
+    print_targets(targets)
     return 0 if all_equal else 1
 
 
