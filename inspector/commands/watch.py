@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.storm_window > 0:
         raise UsageError(f"--storm-window must be positive, got {args.storm_window}")
 
-    url = resolve_url(args.db)
+    url = absolute_sqlite_url(resolve_url(args.db))
     store = open_store(url)  # a bad URL or a foreign file is refused now, before the command runs
     label = f"{args.label or default_label(command)} #{secrets.token_hex(3)}"
     settings = WatchSettings(
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         f"graph-inspector watch: recording {shlex.join(command)} into {store.display_url} as {label!r}",
         file=sys.stderr,
     )
-    status = _wait(child)
+    status = _wait(child, forward=(signal.SIGTERM, signal.SIGHUP))
     try:
         print(watch_summary(store, label=label).render(), file=sys.stderr)
     finally:
@@ -125,12 +125,35 @@ def default_label(command: list[str]) -> str:
     return f"watch {os.path.basename(command[0])}"
 
 
-def _wait(child: subprocess.Popen) -> int:
-    """The child's exit status; Ctrl-C reaches it through the terminal, so wait for it to finish."""
-    while True:
-        try:
-            code = child.wait()
-            break
-        except KeyboardInterrupt:
-            continue
+def absolute_sqlite_url(url: str) -> str:
+    """A relative SQLite path made absolute: the watched program may change directory."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url  # open_store says what is wrong with it
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return url
+    if database.startswith("file:") or os.path.isabs(database):
+        return url
+    return parsed.set(database=os.path.abspath(database)).render_as_string(hide_password=False)
+
+
+def _wait(child: subprocess.Popen, forward: tuple[signal.Signals, ...]) -> int:
+    """The child's exit status. Ctrl-C reaches it through the terminal, so keep waiting for it;
+    a SIGTERM or SIGHUP sent to this command alone is passed on to it."""
+    previous = {sig: signal.signal(sig, lambda number, _frame: child.send_signal(number)) for sig in forward}
+    try:
+        while True:
+            try:
+                code = child.wait()
+                break
+            except KeyboardInterrupt:
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 128 + -code if code < 0 and -code in signal.valid_signals() else code

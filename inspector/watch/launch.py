@@ -65,15 +65,20 @@ def arm() -> None:
 
 
 def _install(settings: WatchSettings) -> None:
-    from inspector.watch.api import install, uninstall
+    """Install the watch; on failure say so and let the program run unwatched."""
+    try:
+        from inspector.watch.api import install, uninstall
 
-    install(
-        settings.db,
-        ready_after=settings.ready_after,
-        storm_threshold=settings.storm_threshold,
-        storm_window_s=settings.storm_window_s,
-        label=settings.label,
-    )
+        install(
+            settings.db,
+            ready_after=settings.ready_after,
+            storm_threshold=settings.storm_threshold,
+            storm_window_s=settings.storm_window_s,
+            label=settings.label,
+        )
+    except Exception as exc:  # runs inside the program's `import torch`: never break it
+        print(f"graph-inspector watch: not watching this process: {exc}", file=sys.stderr)
+        return
     atexit.register(uninstall)
 
 

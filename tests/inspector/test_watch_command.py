@@ -144,3 +144,42 @@ def test_usage_errors_are_clear_messages(tmp_path: Path, argv: list[str], messag
     result = watch(tmp_path, *argv)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_relative_sqlite_path_is_pinned_to_where_the_command_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inspector.commands.watch import absolute_sqlite_url
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_sqlite_url("sqlite:///sub/w.db?timeout=3") == f"sqlite:///{tmp_path}/sub/w.db?timeout=3"
+    for unchanged in ("sqlite:////abs/w.db", "sqlite://", "postgresql+psycopg://u@h/db", "not a url"):
+        assert absolute_sqlite_url(unchanged) == unchanged
+
+
+def test_sigterm_to_the_watch_reaches_the_command(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    waiter = tmp_path / "waiter.py"
+    waiter.write_text(textwrap.dedent(f"""
+        import pathlib, signal, sys, time
+        def stop(number, frame):
+            pathlib.Path({str(tmp_path / 'got-term')!r}).write_text("yes")
+            sys.exit(7)
+        signal.signal(signal.SIGTERM, stop)
+        pathlib.Path({str(tmp_path / 'ready')!r}).write_text("yes")
+        time.sleep(60)
+    """))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dashboard.cli", "watch", "--db", f"sqlite:///{tmp_path / 't.db'}", "--",
+         sys.executable, str(waiter)],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 7
+    assert (tmp_path / "got-term").read_text() == "yes"
