@@ -158,6 +158,8 @@ class AttentionMetadata:
                 f"{len(self.query_start_loc)} offsets, {num_reqs} sequence lengths, "
                 f"{len(self.slot_ids)} slots"
             )
+        if len(set(self.slot_ids)) != num_reqs:
+            raise ValueError(f"each request needs its own KV slot, got slot_ids {list(self.slot_ids)}")
         if self.query_start_loc and self.query_start_loc[0] != 0:
             raise ValueError(f"query_start_loc must start at 0, got {self.query_start_loc[0]}")
         for r in range(num_reqs):

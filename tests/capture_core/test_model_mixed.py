@@ -104,6 +104,7 @@ def test_metadata_describes_offsets_lengths_and_uniform_decode() -> None:
         ({"query_start_loc": (1, 2), "seq_lens": (1,), "slot_ids": (0,)}, "must start at 0"),
         ({"query_start_loc": (0, 0), "seq_lens": (1,), "slot_ids": (0,)}, "query length 0"),
         ({"query_start_loc": (0, 3), "seq_lens": (2,), "slot_ids": (0,)}, "shorter than its query length"),
+        ({"query_start_loc": (0, 1, 2), "seq_lens": (1, 1), "slot_ids": (3, 3)}, "its own KV slot"),
     ],
 )
 def test_inconsistent_metadata_is_rejected_with_a_clear_message(kwargs, message) -> None:
