@@ -102,3 +102,18 @@ def test_bfloat16_piecewise_replay_matches_eager_closely() -> None:
     eager = runner.model(batch.input_ids, batch.positions, batch.slot_ids, reference_kv, batch.attn_metadata)
     logits = runner.step(batch.input_ids, batch.positions, batch.slot_ids, batch.attn_metadata)
     assert (logits.float() - eager.float()).abs().max() <= 2e-2 * eager.float().abs().max()
+
+
+def test_one_piecewise_graph_serves_different_mixes_in_turn() -> None:
+    runner, log = _runner(CUDAGraphMode.PIECEWISE)
+    steps = [
+        ([[1, 2, 3], [4]], [0, 5]),  # 4 tokens -> the 8-token graph
+        ([[5], [6, 7, 8, 9, 10]], [6, 0]),  # 6 tokens -> the same graph, other requests' shapes
+        ([[11], [12], [13]], [7, 5, 12]),
+    ]
+    for tokens, contexts in steps:
+        batch = flatten_requests(tokens, contexts, list(range(len(tokens))), device="cuda")
+        inputs = (batch.input_ids, batch.positions, batch.slot_ids)
+        eager = runner.model(*inputs, runner.kv_cache.clone(), batch.attn_metadata)
+        torch.testing.assert_close(runner.step(*inputs, batch.attn_metadata), eager, rtol=1e-4, atol=1e-4)
+    assert [d.num_tokens for _, d in log.replays] == [8, 8, 8]
