@@ -127,6 +127,18 @@ def test_unwritable_database_exits_2_with_a_clear_message(tmp_path: Path) -> Non
     assert "demo.db" in result.stderr
 
 
+def test_a_busy_port_is_refused_before_any_work(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_demo("--port", str(port), "--db", f"sqlite:///{tmp_path / 'busy.db'}", timeout=60)
+    assert result.returncode == 2, explain(result)
+    assert f"127.0.0.1:{port}" in result.stderr and "--port" in result.stderr
+    assert "Decoding" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "busy.db").exists()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

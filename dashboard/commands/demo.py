@@ -145,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
             f"and memory addresses. Pass --token (or set {TOKEN_ENV}), or use the default host."
         )
 
+    if not args.no_serve:
+        _check_can_listen(args.host, args.port)  # fail now, not after the whole run
+
     from inspector.store import open_store, resolve_url
 
     url = resolve_url(args.db)
@@ -182,6 +185,27 @@ def run(args: argparse.Namespace) -> int:
 
     print()
     return serve(create_app(url, token=token), args.host, args.port)
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Bind the dashboard's address for a moment, as waitress will (address reuse on)."""
+    import socket
+
+    from inspector.errors import UsageError
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as error:
+        raise UsageError(
+            f"cannot serve the dashboard on {host}:{port}: {error.strerror or error}. "
+            "Pick another --port (0 picks a free one), or pass --no-serve"
+        ) from None
 
 
 def _choose_backend(choice: str, torch: Any) -> str:
