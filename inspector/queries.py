@@ -185,7 +185,7 @@ class Queries:
         kinds = self.rollup.findings(scope)
         return {
             "run": run_id,
-            "runs": {"total": len(runs), "live": live},
+            "runs": {"total": len(runs), "live": live, "backends": sorted({r.backend for r in runs})},
             "graphs": {
                 "count": totals[0],
                 "by_mode": by_mode,

@@ -31,6 +31,13 @@ def test_overview_shows_the_totals_in_human_units(client: FlaskClient) -> None:
     assert re.search(r"\d+\.\d %", html)
     assert 'id="summary-data"' in html and 'id="chart-batches"' in html
     assert "above max capture size" in html
+    assert "Some of these runs used the <strong>eager backend</strong>" in html
+
+
+def test_overview_of_an_eager_run_says_so(client: FlaskClient, seeded: dict[str, int]) -> None:
+    assert "Recorded on the <strong>eager backend</strong>" in page(client, f"/?run={seeded['eager_run']}")
+    cuda = page(client, f"/?run={seeded['cuda_run']}")
+    assert "badge eager-backend" not in cuda and "Recorded on the" not in cuda
 
 
 def test_graphs_table_links_every_graph_and_labels_the_eager_backend(
