@@ -130,7 +130,53 @@ def headline(payload: dict[str, Any]) -> str:
                 )
             parts.append(text)
         return "<br>".join(parts)
+    if name == "padding":
+        return _padding_headline(payload)
+    if name == "check_cost" and isinstance(results, list):
+        return "; ".join(
+            f"{r['what']}: {_num(r.get('check_ns_per_call', r.get('wrapper_ns_per_call')) / 1e3)} us"
+            for r in results
+        )
+    if name == "recorder_bench" and isinstance(results, dict):
+        hot = results.get("hot_path", {})
+        parts = [f"{k} {_num(v['median_ns'])} ns" for k, v in hot.items()]
+        if "events_per_s" in results:
+            parts.append(f"{_num(results['events_per_s'])} replay events/s")
+        if "flush" in results:
+            parts.append(f"flush {_num(results['flush']['rows_per_s_median'])} rows/s")
+        if "scrape" in results:
+            scrape = results["scrape"]
+            parts.append(f"scrape {_num(scrape['seconds_median'] * 1e3)} ms at {scrape['windows']:,} windows")
+        return "; ".join(parts)
+    if name == "dashboard_bench" and isinstance(results, dict) and "endpoints" in results:
+        return "p95: " + "; ".join(
+            f"{e['path']} {_num(e['p95_ms'])} ms" for e in results["endpoints"].values()
+        )
     return "see the JSON" if not payload.get("targets") else "see targets"
+
+
+def _padding_headline(payload: dict[str, Any]) -> str:
+    def pct(value: float) -> str:
+        return f"{100 * value:.1f}%"
+
+    parts = []
+    combined = payload.get("trace_combined")
+    if combined:
+        pow2, vllm = pct(combined["pow2"]["waste"]), pct(combined["vllm"]["waste"])
+        parts.append(f"trace, all speedups: waste pow2 {pow2} vs vLLM list {vllm}")
+    mixed = payload.get("mixed")
+    if mixed:
+        parts.append(
+            f"chunked prefill: waste {pct(mixed['pow2']['waste'])} vs {pct(mixed['vllm']['waste'])}, "
+            f"hit rate {pct(mixed['pow2']['hit_rate'])} vs {pct(mixed['vllm']['hit_rate'])}"
+        )
+    uniform = payload.get("uniform")
+    if uniform:
+        parts.append(
+            f"uniform: pow2 {pct(uniform['pow2']['waste'])} (exact {pct(uniform['pow2']['exact_waste'])}), "
+            f"vLLM {pct(uniform['vllm']['waste'])} (exact {pct(uniform['vllm']['exact_waste'])})"
+        )
+    return "; ".join(parts) or "see the JSON"
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
