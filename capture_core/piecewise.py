@@ -186,6 +186,7 @@ class _SegmentRuntime:
 
     @property
     def address_check(self) -> Any:
+        """Read on every segment replay: a property, not the slower ``__getattr__`` fallback."""
         return self._runtime.address_check
 
     def admit_capture(
