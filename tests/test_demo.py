@@ -139,6 +139,34 @@ def test_a_busy_port_is_refused_before_any_work(tmp_path: Path) -> None:
     assert not (tmp_path / "busy.db").exists()
 
 
+@pytest.mark.slow
+def test_ctrl_c_mid_run_keeps_what_was_recorded_and_ends_the_run(tmp_path: Path) -> None:
+    db = tmp_path / "interrupted.db"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dashboard.cli", "demo", "--no-serve", "--steps", "100000",
+         "--backend", "eager", "--max-batch", "32", "--db", f"sqlite:///{db}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if rows(db, "SELECT COUNT(*) FROM replay_windows")[0][0] > 0:
+                    break
+            except sqlite3.Error:
+                pass  # not created or not migrated yet
+            time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, f"exit {proc.returncode}\n{out}\n{err}"
+    assert "interrupted" in err and "Traceback" not in err
+    (ended,) = rows(db, "SELECT ended_at FROM runs")[0]
+    assert ended is not None
+    assert rows(db, "SELECT SUM(replays) FROM replay_windows")[0][0] > 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
