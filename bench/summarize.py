@@ -133,10 +133,16 @@ def headline(payload: dict[str, Any]) -> str:
     if name == "padding":
         return _padding_headline(payload)
     if name == "check_cost" and isinstance(results, list):
-        return "; ".join(
-            f"{r['what']}: {_num(r.get('check_ns_per_call', r.get('wrapper_ns_per_call')) / 1e3)} us"
-            for r in results
-        )
+        parts = []
+        for r in results:
+            if "wrapper_ns_per_call" in r:
+                text = f"{r['what']}: {_num(r['wrapper_ns_per_call'] / 1e3)} us"
+                if "check_ns_per_call" in r:
+                    text += f" (check {_num(r['check_ns_per_call'] / 1e3)} us)"
+            else:
+                text = f"{r['what']}: check {_num(r['check_ns_per_call'] / 1e3)} us"
+            parts.append(text)
+        return "; ".join(parts)
     if name == "recorder_bench" and isinstance(results, dict):
         hot = results.get("hot_path", {})
         parts = [f"{k} {_num(v['median_ns'])} ns" for k, v in hot.items()]
