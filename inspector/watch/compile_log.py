@@ -20,6 +20,8 @@ from inspector.watch.watcher import CompileEvent, CompileEventKind
 
 SKIP_LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"
 """Where ``log_cudagraph_skip_and_bump_counter`` writes "skipping cudagraphs due to ..." (WARNING)."""
+OLDER_SKIP_LOGGER = "torch._inductor.cudagraph_utils.__perf_hints"
+"""Where torch releases before the ``cudagraphs`` artifact wrote the same line."""
 TREES_LOGGER = "torch._inductor.cudagraph_trees.__cudagraphs"
 """Where the cudagraph trees write "[id] Re-recording function=..., reason=..." (DEBUG)."""
 
@@ -91,6 +93,7 @@ class CompileLogTap:
 
     def install(self) -> None:
         self._add(SKIP_LOGGER, need_debug=False)
+        self._add(OLDER_SKIP_LOGGER, need_debug=False)
         self._add(TREES_LOGGER, need_debug=True)
 
     def _add(self, name: str, *, need_debug: bool) -> None:

@@ -13,7 +13,7 @@ from test_watch_standin import eager_cuda_graphs
 from capture_core.events import CaptureEvent, ViolationEvent, ViolationKind
 from capture_core.modes import CUDAGraphMode
 from inspector import watch
-from inspector.watch.compile_log import SKIP_LOGGER, TREES_LOGGER
+from inspector.watch.compile_log import OLDER_SKIP_LOGGER, SKIP_LOGGER, TREES_LOGGER
 from inspector.watch.hooks import WATCHED_ATTR, Hooks
 from inspector.watch.identity import KEY_LIMIT, WatchedDescriptor
 from inspector.watch.watcher import CompileEvent, CompileEventKind, Watcher
@@ -373,6 +373,15 @@ def test_a_skip_log_line_becomes_a_compile_event_and_still_reaches_the_user(
     assert violation.message.startswith("skipping cudagraphs due to mutated inputs")
     assert violation.descriptor.key.startswith("torch.compile skip: mutated inputs")
     assert [r.getMessage()[:19] for r in console.records] == ["skipping cudagraphs"]
+
+
+def test_skips_are_heard_where_older_torch_wrote_them(collector: Collector) -> None:
+    watch.install(collector)
+    logging.getLogger(OLDER_SKIP_LOGGER).warning("skipping cudagraphs due to multiple devices: cuda:0, cpu")
+    watch.uninstall()
+    (event,) = collector.compile_events
+    assert event.reason == "multiple devices: cuda:0, cpu"
+    assert not logging.getLogger(OLDER_SKIP_LOGGER).filters
 
 
 def test_a_rerecord_debug_line_is_heard_without_reaching_the_users_console(
