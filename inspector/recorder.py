@@ -107,6 +107,7 @@ class Recorder:
         self._pending_captures: list[CaptureEvent] = []
         self._pending_violations: dict[ViolationKey, PendingViolation] = {}
         self._all_captures: list[CaptureEvent] = []
+        self._resend_graphs = False
         self._committed_replays: dict[ReplayKey, int] = {}
         self._committed_eager: dict[tuple[str, Any, int], int] = {}
         self._window_start = time.time()
@@ -260,7 +261,7 @@ class Recorder:
                 break
             with self._done:
                 requested = self._flush_requested
-            self._drain_queues()
+            self._drain_safely()
             now = time.monotonic()
             if self._failures and now < self._retry_at:
                 continue
@@ -279,7 +280,7 @@ class Recorder:
         """At close: keep retrying until ``close_timeout``, then count what is left as dropped."""
         deadline = time.monotonic() + self.close_timeout
         while True:
-            self._drain_queues()
+            self._drain_safely()
             if self._flush_once(include_traffic=True, ended=True):
                 break
             if time.monotonic() >= deadline:
@@ -291,6 +292,13 @@ class Recorder:
             self._done.notify_all()
         if self._store is not None:
             self._store.dispose()
+
+    def _drain_safely(self) -> None:
+        try:
+            self._drain_queues()
+        except Exception:  # a malformed event must not stop the recording of every later one
+            log.exception("graph-inspector recorder: could not queue an event; it was dropped")
+            self._dropped_in_flush += 1
 
     def _drain_queues(self) -> None:
         while self._capture_queue:
@@ -316,24 +324,22 @@ class Recorder:
     def _flush_once(self, include_traffic: bool, ended: bool) -> bool:
         """One attempt at one transaction; True when it committed."""
         wall = time.time()
-        if include_traffic:
-            traffic, replay_counts, eager_counts = self._take_traffic(wall)
-        else:
-            traffic, replay_counts, eager_counts = Traffic(self._window_start, wall), None, None
-        batch = FlushBatch(
-            captures=list(self._pending_captures),
-            violations=dict(self._pending_violations),
-            traffic=traffic,
-            backend=self._backend,
-            dropped_events=self.dropped,
-            ended_at=wall if ended else None,
-        )
         try:
-            writer = self._writer or self._open(wall)
-            if writer.store.vanished():
+            if self._writer is not None and self._writer.store.vanished():
                 self._on_vanished()
-                writer = self._open(wall)
-                batch.captures = list(self._all_captures)
+            writer = self._writer or self._open(wall)
+            if include_traffic:
+                traffic, replay_counts, eager_counts = self._take_traffic(wall)
+            else:
+                traffic, replay_counts, eager_counts = Traffic(self._window_start, wall), None, None
+            batch = FlushBatch(
+                captures=self._captures_to_write(),
+                violations=dict(self._pending_violations),
+                traffic=traffic,
+                backend=self._backend,
+                dropped_events=self.dropped,
+                ended_at=wall if ended else None,
+            )
             writer.write(batch, wall)
         except Exception as error:
             self._note_failure(error, time.monotonic())
@@ -341,6 +347,7 @@ class Recorder:
         # Committed (the queues are drained on this thread only, so nothing arrived meanwhile).
         self._pending_captures.clear()
         self._pending_violations.clear()
+        self._resend_graphs = False
         if replay_counts is not None and eager_counts is not None:
             self._committed_replays = replay_counts
             self._committed_eager = eager_counts
@@ -350,6 +357,14 @@ class Recorder:
         self._failures = 0
         self.last_error = None
         return True
+
+    def _captures_to_write(self) -> list[CaptureEvent]:
+        """The pending captures; after the file vanished, every graph known so far (so that the new
+        database's windows link to their graphs again)."""
+        if not self._resend_graphs:
+            return list(self._pending_captures)
+        known = {id(event) for event in self._all_captures}
+        return self._all_captures + [event for event in self._pending_captures if id(event) not in known]
 
     def _open(self, wall: float) -> RunWriter:
         store = open_store(self.url)
@@ -370,6 +385,7 @@ class Recorder:
         )
         self._store.dispose()
         self._store = self._writer = None
+        self._resend_graphs = True
 
     def _take_traffic(self, wall: float) -> tuple[Traffic, dict, dict]:
         """The counts since the last commit, and the snapshot to adopt if the write commits."""

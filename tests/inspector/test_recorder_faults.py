@@ -189,6 +189,35 @@ def test_vanished_directory_drops_with_a_count_and_never_raises(tmp_path: Path) 
     assert "does not exist" in (recorder.last_error or "")
 
 
+def test_folder_that_comes_back_gets_a_new_database_with_the_known_graphs(tmp_path: Path) -> None:
+    folder = tmp_path / "flaky"
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'x.db'}"
+    descriptor = BatchDescriptor(2, 2, True)
+    recorder = Recorder(url, flush_interval=0.05).start()
+    recorder.on_capture(capture(descriptor))
+    assert recorder.flush(timeout=10)
+    shutil.rmtree(folder)
+    recorder.on_replay(FULL, descriptor, 1)
+    assert recorder.flush(timeout=0.3) is False
+    folder.mkdir()
+    assert recorder.flush(timeout=20)
+    recorder.close()
+    assert recorder.dropped == 0
+    assert _query(url, select(Graph.num_tokens))[0][0] == 2
+    assert _query(url, select(ReplayWindow.replays, ReplayWindow.graph_id.is_not(None)))[0] == (1, True)
+
+
+def test_a_malformed_event_is_dropped_and_recording_goes_on(sqlite_url: str) -> None:
+    descriptor = BatchDescriptor(2, 2, True)
+    with Recorder(sqlite_url, flush_interval=0.05) as recorder:
+        recorder.on_violation(object())  # type: ignore[arg-type]
+        recorder.on_violation(drift(descriptor, actual=0x5000))
+        assert recorder.flush(timeout=10)
+    assert recorder.dropped == 1
+    assert _query(sqlite_url, select(Violation.actual_address))[0][0] == 0x5000
+
+
 EXITING_CHILD = """
 import sys
 from workers import FULL, capture, drift
