@@ -15,7 +15,8 @@ is rebuilt.
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,13 @@ class RunTraffic:
     """violation kind -> distinct findings (rows: a repeat bumps a row's count, not the rows)."""
 
 
+SETTLE_SECONDS = 2.0
+"""How long an id must have been visible before rows up to it are folded, where writers are
+concurrent (PostgreSQL): a sequence hands out ids before commit, so id 11 can be visible while id 10
+is still being written. Recorder transactions last milliseconds; waiting this long means no row is
+skipped. SQLite serialises writers, so ids commit in order there and nothing waits."""
+
+
 class Rollup:
     """Traffic over time (replay and eager windows), batch-size counts and violation findings, per run.
 
@@ -99,9 +107,21 @@ class Rollup:
     them as read-only.
     """
 
-    def __init__(self, engine: Engine, *, max_buckets: int = 1024) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_buckets: int = 1024,
+        settle_seconds: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.engine = engine
         self.max_buckets = max_buckets
+        if settle_seconds is None:
+            settle_seconds = 0.0 if engine.dialect.name == "sqlite" else SETTLE_SECONDS
+        self.settle_seconds = settle_seconds
+        self._clock = clock
+        self._sightings: deque[tuple[float, dict[str, int]]] = deque()
         self._lock = threading.Lock()
         self._reset()
 
@@ -132,6 +152,7 @@ class Rollup:
             vanished = self._known_run_ids - run_ids
             if vanished or any(maxima[name] < last for name, last in self._last_ids.items()):
                 self._reset()
+            maxima = self._settled(maxima)
             if maxima == self._last_ids and run_ids == self._known_run_ids:
                 return
             self._memo.clear()
@@ -143,6 +164,21 @@ class Rollup:
             self._fold_batch_sizes(conn, maxima["sizes"])
             self._fold_findings(conn, maxima["violations"])
             self._last_ids = maxima
+
+    def _settled(self, maxima: dict[str, int]) -> dict[str, int]:
+        """The newest maxima seen at least ``settle_seconds`` ago (never above today's, never below
+        what is already folded)."""
+        if not self.settle_seconds:
+            return maxima
+        now = self._clock()
+        self._sightings.append((now, maxima))
+        ripe = now - self.settle_seconds
+        while len(self._sightings) > 1 and self._sightings[1][0] <= ripe:
+            self._sightings.popleft()
+        seen_at, settled = self._sightings[0]
+        if seen_at > ripe:
+            return dict(self._last_ids)
+        return {name: max(self._last_ids[name], min(settled[name], maxima[name])) for name in maxima}
 
     def _grain(self, conn: Connection) -> float:
         """The time-bucket width to group new rows by: one second for a trickle of new rows, coarser

@@ -10,7 +10,7 @@ from sqlalchemy import delete, func, insert, select
 from dashboard.sample import seed_sample
 from inspector.models import ReplayWindow, Run, Violation
 from inspector.queries import Queries
-from inspector.rollup import TimeBuckets, Traffic
+from inspector.rollup import Rollup, TimeBuckets, Traffic
 from inspector.store import Store
 
 
@@ -62,6 +62,28 @@ def test_new_findings_count_but_repeats_do_not(store: Store) -> None:
         conn.execute(Violation.__table__.update().where(Violation.id == ids["drift"]).values(count=99))
     assert queries.summary()["violations"]["findings"] == 3
     assert queries.violation(ids["drift"])["count"] == 99
+
+
+def test_with_concurrent_writers_rows_wait_until_their_ids_settle(store: Store) -> None:
+    ids = seed_sample(store.engine, now=time.time())
+    now = [1000.0]
+    rollup = Rollup(store.engine, settle_seconds=2.0, clock=lambda: now[0])
+    rollup.refresh()
+    assert rollup.series() == []  # nothing has been visible for two seconds yet
+    now[0] += 2.5
+    rollup.refresh()
+    before = sum(t.replays for _, t in rollup.series())
+    assert before > 0
+    with store.engine.begin() as conn:
+        conn.execute(insert(ReplayWindow), [window(ids["eager_run"], time.time(), replays=77)])
+    rollup.refresh()  # the new id is seen now...
+    assert sum(t.replays for _, t in rollup.series()) == before
+    now[0] += 1.0
+    rollup.refresh()  # ...one second later it may still have a lower id being written...
+    assert sum(t.replays for _, t in rollup.series()) == before
+    now[0] += 1.5
+    rollup.refresh()  # ...two and a half seconds later everything below it has committed
+    assert sum(t.replays for _, t in rollup.series()) == before + 77
 
 
 def test_time_buckets_double_their_width_to_stay_bounded() -> None:
