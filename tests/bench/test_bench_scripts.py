@@ -187,23 +187,12 @@ def test_decode_keeps_the_other_models_figures_when_one_fails(tmp_path: Path, mo
 
     monkeypatch.setattr(gpu_decode, "measure_model", first_model_fails)
     out = tmp_path / "decode.json"
-    argv = [
-        "--models",
-        "tiny",
-        "tiny",
-        "--max-batch",
-        "2",
-        "--rounds",
-        "2",
-        "--iters",
-        "2",
-        "--out",
-        str(out),
-    ]
+    models = ["--models", "tiny", "tiny", "--compile-models"]
+    argv = [*models, "--max-batch", "1", "--rounds", "2", "--iters", "2", "--out", str(out)]
     assert gpu_decode.main(argv) == 1
     payload = json.loads(out.read_text())
     assert len(payload["results"]) == 1
-    assert [s["batch"] for s in payload["results"][0]["sizes"]] == [1, 2]
+    assert [s["batch"] for s in payload["results"][0]["sizes"]] == [1]
     assert payload["config"]["failed_models"] == ["tiny"]
     assert (
         "tiny: FAILED, no figures: RuntimeError: CUDA out of memory. Tried to allocate 25.88 GiB"
