@@ -165,6 +165,13 @@ class Rollup:
             self._fold_findings(conn, maxima["violations"])
             self._last_ids = maxima
 
+    def warm(self) -> None:
+        """Load everything there is before the first request (the daemon calls this at start)."""
+        self.refresh()
+        if self.settle_seconds:
+            time.sleep(self.settle_seconds)
+            self.refresh()
+
     def _settled(self, maxima: dict[str, int]) -> dict[str, int]:
         """The newest maxima seen at least ``settle_seconds`` ago (never above today's, never below
         what is already folded)."""

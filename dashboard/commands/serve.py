@@ -78,7 +78,7 @@ def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int
     from inspector.errors import UsageError
 
     state = app.extensions[EXTENSION]
-    state.queries.rollup.refresh()
+    state.queries.rollup.warm()
     try:
         server = create_server(app, host=host, port=port, threads=THREADS, ident="graph-inspector")
     except OSError as error:
