@@ -267,6 +267,18 @@ def git_commit() -> str:
     return f"{head}-dirty" if dirty else head
 
 
+def cpu_model() -> str:
+    """The CPU's model name (host time figures depend on it), from /proc/cpuinfo where there is one."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_info(device: torch.device) -> dict[str, Any]:
     """Where and with what a figure was measured: enough to tell two runs' machines apart."""
     info: dict[str, Any] = {
@@ -276,6 +288,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "device": str(device),
         "git_commit": git_commit(),
     }

@@ -42,9 +42,10 @@ def machine_text(machine: dict[str, Any]) -> str:
         parts.append(str(machine["gpu"]))
         if machine.get("cuda"):
             parts.append(f"CUDA {machine['cuda']}")
-    elif machine.get("platform") or machine.get("processor"):
-        cpus = machine.get("cpu_count")
-        parts.append(f"CPU ({cpus} cores)" if cpus else "CPU")
+    cpus = machine.get("cpu_count")
+    model = machine.get("cpu_model") or ("CPU" if not machine.get("gpu") else "")
+    if model:  # host-time figures depend on the CPU, on a GPU machine too
+        parts.append(f"{model} ({cpus} cores)" if cpus else model)
     if machine.get("torch"):
         parts.append(f"torch {machine['torch']}")
     if machine.get("python"):
