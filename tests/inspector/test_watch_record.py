@@ -29,9 +29,10 @@ def capture(x: torch.Tensor) -> torch.cuda.CUDAGraph:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Iterator[str]:
+def db(db_url: str) -> Iterator[str]:
+    """A real SQLite file, and a real PostgreSQL database (see conftest.py)."""
     with eager_cuda_graphs():
-        yield f"sqlite:///{tmp_path / 'watch.db'}"
+        yield db_url
         watch.uninstall()
 
 
@@ -83,10 +84,11 @@ def test_a_watched_process_lands_in_the_database(db: str) -> None:
     store.dispose()
 
 
-def test_a_process_that_never_captures_leaves_no_run(db: str, tmp_path: Path) -> None:
-    watch.install(db)
-    MODEL(torch.zeros(2, 4))
-    watch.uninstall()
+def test_a_process_that_never_captures_leaves_no_run(tmp_path: Path) -> None:
+    with eager_cuda_graphs():
+        watch.install(f"sqlite:///{tmp_path / 'watch.db'}")
+        MODEL(torch.zeros(2, 4))
+        watch.uninstall()
     assert not (tmp_path / "watch.db").exists()
 
 
