@@ -153,14 +153,11 @@ def run(args: argparse.Namespace) -> int:
     url = resolve_url(args.db)
     store = open_store(url, upgrade=True)  # a bad or unwritable database fails here, before any work
     try:
-        import torch
-
-        from capture_core.traffic import TraceError
         from inspector.recorder import Recorder
 
-        backend = _choose_backend(args.backend, torch)
-        trace = _load_trace(TraceError)
-        runner, model_name = _build_runner(args, backend, torch)
+        backend = _choose_backend(args.backend)
+        trace = _load_trace()
+        runner, model_name = _build_runner(args, backend)
         config = _run_config(args, backend, model_name, runner, trace.source)
         recorder = Recorder(url, label="demo", config=config)
         runner.runtime.observer = recorder
@@ -168,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         recorder.start()
         try:
             runner.capture()
-            result = _decode(runner, trace, args, torch)
+            result = _decode(runner, trace, args)
         finally:
             recorder.close()
         _print_summary(store, recorder, runner, result, url)
@@ -208,7 +205,9 @@ def _check_can_listen(host: str, port: int) -> None:
         ) from None
 
 
-def _choose_backend(choice: str, torch: Any) -> str:
+def _choose_backend(choice: str) -> str:
+    import torch
+
     from inspector.errors import UsageError
 
     if choice == "cuda" and not torch.cuda.is_available():
@@ -219,17 +218,19 @@ def _choose_backend(choice: str, torch: Any) -> str:
     return choice
 
 
-def _load_trace(trace_error: type[Exception]) -> Any:
-    from capture_core.traffic import load_trace
+def _load_trace() -> Any:
+    from capture_core.traffic import TraceError, load_trace
     from inspector.errors import UsageError
 
     try:
         return load_trace()
-    except trace_error as error:
+    except TraceError as error:
         raise UsageError(f"the packaged traffic trace is unusable (reinstall the package): {error}") from None
 
 
-def _build_runner(args: argparse.Namespace, backend: str, torch: Any) -> tuple[DecodeRunner, str]:
+def _build_runner(args: argparse.Namespace, backend: str) -> tuple[DecodeRunner, str]:
+    import torch
+
     from capture_core.model import ModelConfig, ReferenceDecoder
     from capture_core.modes import CUDAGraphMode
     from capture_core.runner import DecodeRunner
@@ -316,24 +317,27 @@ class _Tokens:
     generated tokens, wrapping at the model's ``max_seq_len``; its first token is seeded from its id.
     """
 
-    def __init__(self, runner: DecodeRunner, torch: Any) -> None:
+    def __init__(self, runner: DecodeRunner) -> None:
+        import torch
+
         config = runner.model.config
         self.vocab = config.vocab_size
         self.max_seq_len = config.max_seq_len
         self.owner: dict[int, int] = {}
         self.start: dict[int, int] = {}
         self.next_token = torch.zeros(runner.max_num_seqs + 1, dtype=torch.long, device=runner.device)
-        self.torch = torch
         self.device = runner.device
 
     def inputs(self, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        torch = self.torch
+        import torch
+
         positions = []
         for rid, slot, position in zip(step.decode_request_ids, step.decode_slots, step.decode_positions,
                                        strict=True):
             if self.owner.get(slot) != rid:  # a new request took this slot
                 self.owner[slot] = rid
                 self.start[slot] = position
+                # A stand-in for the last prompt token: any fixed token per request will do.
                 self.next_token[slot] = (rid * 7919 + 1) % self.vocab
             positions.append((position - self.start[slot]) % self.max_seq_len)
         slots = torch.tensor(step.decode_slots, dtype=torch.long, device=self.device)
@@ -343,7 +347,7 @@ class _Tokens:
         self.next_token[slots] = logits.argmax(dim=-1)
 
 
-def _decode(runner: DecodeRunner, trace: Any, args: argparse.Namespace, torch: Any) -> DemoResult:
+def _decode(runner: DecodeRunner, trace: Any, args: argparse.Namespace) -> DemoResult:
     from tqdm import tqdm
 
     from capture_core.checks import AddressDriftError
@@ -352,7 +356,7 @@ def _decode(runner: DecodeRunner, trace: Any, args: argparse.Namespace, torch: A
     traffic = TrafficConfig(max_num_seqs=args.max_batch, speedup=args.speedup, step_seconds=STEP_SECONDS,
                             seed=args.seed)
     scheduler = ContinuousBatchScheduler(trace, traffic)
-    tokens = _Tokens(runner, torch)
+    tokens = _Tokens(runner)
     drift_step = None if args.no_faults else args.steps // 3
     unexpected_step = None if args.no_faults else (2 * args.steps) // 3
     result = DemoResult(args.steps, 0.0, [], drift_step, unexpected_step)
