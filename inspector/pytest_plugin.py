@@ -187,7 +187,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if events and report.passed:
         report.outcome = "failed"
         header = f"graph-inspector: {len(events)} violation(s) during {report.when} of this test"
-        report.longrepr = "\n\n".join([header, *(finding.details() for finding in findings)])
+        from inspector.report import TEXT_STACK_FRAMES
+
+        details = (finding.details(stack_frames=TEXT_STACK_FRAMES) for finding in findings)
+        report.longrepr = "\n\n".join([header, *details])
     return report
 
 

@@ -23,6 +23,8 @@ from inspector.store import Store
 
 FORMATS = ("text", "json", "junit")
 SUITE = "graph-inspector"
+TEXT_STACK_FRAMES = 4
+"""Frames of each violation's stack the text report shows (JSON and JUnit carry all of them)."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,9 @@ class Finding:
         expected = "?" if self.expected_address is None else f"{self.expected_address:#x}"
         return f"captured at {expected}, replayed at {actual}"
 
-    def details(self) -> str:
-        """The full text of a failure: what, where, both addresses, how often, the stack."""
+    def details(self, stack_frames: int | None = None) -> str:
+        """The text of a failure: what, where, both addresses, how often, and the stack (its last
+        ``stack_frames`` frames, or all of it)."""
         lines = [self.message]
         if self.addresses():
             lines.append(f"input {self.input_name!r}: {self.addresses()}")
@@ -72,7 +75,13 @@ class Finding:
         if self.where:
             lines.append(f"in {self.where}")
         if self.stack:
-            lines += ["", "stack:", self.stack.rstrip()]
+            stack = self.stack.rstrip()
+            if stack_frames is not None:
+                # traceback.format_list gives two lines per frame: "File ..., line N, in f" and the code.
+                frames = stack.split("\n  File ")
+                if len(frames) > stack_frames:
+                    stack = "  File " + "\n  File ".join(frames[-stack_frames:])
+            lines += ["stack (most recent call last):", stack]
         return "\n".join(lines)
 
 
@@ -216,7 +225,9 @@ def render_text(report: Report) -> str:
     for finding in report.findings:
         lines.append("")
         lines.append(f"FAIL {finding.title}")
-        lines.extend(f"    {line}".rstrip() for line in finding.details().splitlines())
+        lines.extend(
+            f"    {line}".rstrip() for line in finding.details(stack_frames=TEXT_STACK_FRAMES).splitlines()
+        )
     lines.append("")
     if report.ok:
         lines.append(f"OK: no violations in {len(report.runs)} run(s)")
