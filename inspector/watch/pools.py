@@ -33,10 +33,28 @@ def allocator_pool_bytes(pool: PoolId) -> int:
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return 0
     total = 0
-    for segment in torch.cuda.memory_snapshot():
+    for segment in _segments(pool):
         if pool_id(segment.get("segment_pool_id")) == pool:
             total += int(segment.get("total_size", 0))
     return total
+
+
+_SNAPSHOT_FORMS: list[Callable[[PoolId], list[dict]]] = [
+    # Newest first: one pool's segments without allocation traces (cheap), then one pool's, then
+    # everything (torch releases before per-pool snapshots); the first form that works is kept.
+    lambda pool: torch.cuda.memory_snapshot(mempool_id=pool, include_traces=False),
+    lambda pool: torch.cuda.memory_snapshot(mempool_id=pool),
+    lambda pool: torch.cuda.memory_snapshot(),
+]
+
+
+def _segments(pool: PoolId) -> list[dict]:
+    while len(_SNAPSHOT_FORMS) > 1:
+        try:
+            return _SNAPSHOT_FORMS[0](pool)
+        except TypeError:  # this torch does not take these arguments
+            _SNAPSHOT_FORMS.pop(0)
+    return _SNAPSHOT_FORMS[0](pool)
 
 
 def pool_text(pool: PoolId | None) -> str:

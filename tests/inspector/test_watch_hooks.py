@@ -404,3 +404,29 @@ def test_a_rerecord_debug_line_is_heard_without_reaching_the_users_console(
     assert event.reason == "static input data pointer changed."
     assert [r.getMessage() for r in console.records] == ["a warning the user sees as before"]
     assert trees.level == level and not trees.filters
+
+
+def test_pool_bytes_sum_the_pools_segments_on_a_torch_without_per_pool_snapshots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from inspector.watch import pools
+
+    segments = [
+        {"segment_pool_id": (0, 7), "total_size": 2 << 20},
+        {"segment_pool_id": (0, 7), "total_size": 20 << 20},
+        {"segment_pool_id": (0, 8), "total_size": 2 << 20},
+        {"segment_pool_id": (0, 0), "total_size": 64 << 20},
+    ]
+    calls: list[tuple] = []
+
+    def old_memory_snapshot() -> list[dict]:  # no mempool_id, no include_traces
+        calls.append(())
+        return segments
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", old_memory_snapshot)
+    monkeypatch.setattr(pools, "_SNAPSHOT_FORMS", list(pools._SNAPSHOT_FORMS))
+    assert pools.allocator_pool_bytes((0, 7)) == 22 << 20
+    assert pools.allocator_pool_bytes((0, 9)) == 0
+    assert len(calls) == 2 and len(pools._SNAPSHOT_FORMS) == 1  # the working form is remembered
