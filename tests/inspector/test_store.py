@@ -181,3 +181,29 @@ def _raw_revision(url: str) -> str:
             return conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
     finally:
         engine.dispose()
+
+
+def test_older_schema_upgrades_step_by_step_keeping_rows(db_url: str) -> None:
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(schema.alembic_config(conn), "0001")
+        conn.execute(
+            text(
+                "INSERT INTO runs (label, host, pid, process, rank, world_size, device, backend, config, "
+                "started_at, last_seen_at, dropped_events) "
+                "VALUES ('old', 'h', 1, 'p', 0, 1, 'cpu', 'eager', '{}', 1.0, 1.0, 0)"
+            )
+        )
+    engine.dispose()
+    assert _raw_revision(db_url) == "0001"
+    store = open_store(db_url)
+    try:
+        assert store.current_revision() == schema.head_revision()
+        with store.session() as session:
+            assert session.scalars(select(Run.label)).all() == ["old"]
+        assert "replay_totals" in inspect(store.engine).get_table_names()
+    finally:
+        store.dispose()
