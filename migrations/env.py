@@ -4,6 +4,13 @@ The inspector builds its Alembic ``Config`` in code (no alembic.ini needed, so a
 migrates its own database) and passes an open connection in ``config.attributes["connection"]``;
 the caller owns that connection's transaction, which lets it serialise concurrent upgrades.
 Batch mode is on because SQLite cannot ALTER most things in place.
+
+A new revision, from a change to ``inspector/models.py`` (the drift test fails until one exists):
+
+    python3 -c "from alembic import command; from inspector.schema import alembic_config; \\
+        command.revision(alembic_config(url='sqlite:////tmp/dev.db'), 'what changed', autogenerate=True)"
+
+(the URL is a scratch database at the current head; ``open_store`` creates one).
 """
 
 from __future__ import annotations
@@ -42,18 +49,6 @@ def run_migrations_online() -> None:
         engine.dispose()
 
 
-def run_migrations_offline() -> None:
-    context.configure(
-        url=context.config.get_main_option("sqlalchemy.url"),
-        target_metadata=target_metadata,
-        literal_binds=True,
-        render_as_batch=True,
-    )
-    with context.begin_transaction():
-        context.run_migrations()
-
-
 if context.is_offline_mode():
-    run_migrations_offline()
-else:
-    run_migrations_online()
+    raise SystemExit("graph-inspector migrations run online only (against a connection or a URL)")
+run_migrations_online()
