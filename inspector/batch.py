@@ -91,7 +91,3 @@ class FlushBatch:
     backend: str | None
     dropped_events: int
     ended_at: float | None = None
-
-    def events(self) -> int:
-        """How many events this batch would lose if it were dropped."""
-        return len(self.captures) + sum(v.count for v in self.violations.values()) + self.traffic.rows()
