@@ -104,9 +104,11 @@ class DecodeRunner:
 
     def route(self, num_tokens: int) -> Dispatch:
         """Where a decode step of ``num_tokens`` goes (a graph's descriptor, or eager with the reason)."""
-        if num_tokens < len(self._routes):
-            return self._routes[num_tokens]
-        return self.dispatcher.route(num_tokens, uniform_decode=True)
+        if 0 < num_tokens < len(self._routes):
+            routed = self._routes[num_tokens]
+            assert routed is not None
+            return routed
+        return self.dispatcher.route(num_tokens, uniform_decode=True)  # above the table, or an error
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:

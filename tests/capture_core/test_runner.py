@@ -143,6 +143,8 @@ def test_bad_configurations_and_inputs_are_refused_clearly(model, observer):
     with pytest.raises(ValueError, match="decodes in PIECEWISE"):
         DecodeRunner(model, runtime, SIZES, mode=CUDAGraphMode.PIECEWISE)
     runner = make_runner(model, observer)
+    with pytest.raises(ValueError, match="positive"):
+        runner.route(0)
     with pytest.raises(ValueError, match="one length"):
         runner.step(torch.zeros(3, dtype=torch.long), torch.zeros(2, dtype=torch.long), torch.zeros(3))
 
