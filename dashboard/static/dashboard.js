@@ -303,7 +303,15 @@
     "pages.runs": runsPage,
   };
 
+  /* Filter drop-downs apply as soon as they change (no inline handlers: the CSP forbids them). */
+  function autoSubmitFilters() {
+    document.querySelectorAll("form.filters select").forEach((select) => {
+      select.addEventListener("change", () => select.form.submit());
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
+    autoSubmitFilters();
     const page = document.body.dataset.page;
     (PAGES[page] || (() => {}))();
     // Other pages reload whole, unless the reader is in the middle of something (a ticked run, an

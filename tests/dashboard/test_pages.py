@@ -59,7 +59,11 @@ def test_graph_page_shows_inputs_in_hex_and_its_violation(
 
 
 def test_violations_page_escapes_untrusted_text(client: FlaskClient, seeded: dict[str, int]) -> None:
+    response = client.get("/violations")
+    assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
     html = page(client, "/violations")
+    assert " on" + "change=" not in html and "<script>" not in html.replace("<script src=", "")
     assert "<script>window.__pwned" not in html and "<img src=x" not in html
     assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in html
     assert html.count('class="badge injected"') == 2
