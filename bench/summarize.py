@@ -155,7 +155,7 @@ def headline(payload: dict[str, Any]) -> str:
             scrape = results["scrape"]
             parts.append(f"scrape {_num(scrape['seconds_median'] * 1e3)} ms at {scrape['windows']:,} windows")
         return "; ".join(parts)
-    if name == "dashboard_bench" and isinstance(results, dict) and "endpoints" in results:
+    if name in ("dashboard", "dashboard_bench") and isinstance(results, dict) and "endpoints" in results:
         return "p95: " + "; ".join(
             f"{e['path']} {_num(e['p95_ms'])} ms" for e in results["endpoints"].values()
         )
