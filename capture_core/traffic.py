@@ -19,7 +19,7 @@ import itertools
 import math
 import os
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -246,6 +246,79 @@ class _Arrival:
     request: TraceRequest
 
 
+class _Engine:
+    """The scheduler's moving parts: the queue, the running requests and the free KV slots."""
+
+    def __init__(self, config: TrafficConfig, arrivals: Iterator[_Arrival]) -> None:
+        self.config = config
+        self.arrivals = arrivals
+        self.upcoming = next(arrivals)
+        self.waiting: deque[_Arrival] = deque()
+        self.running: list[_Running] = []
+        self.free_slots = list(range(config.max_num_seqs))  # a heap: the lowest free slot first
+
+    def skip_idle(self, step_index: int) -> int:
+        """With nothing running or queued, the step at which the next request will have arrived."""
+        if self.running or self.waiting:
+            return step_index
+        arrival_step = math.ceil(self.upcoming.engine_time_s / self.config.step_seconds - 1e-9)
+        return max(step_index, arrival_step)
+
+    def admit(self, now: float) -> None:
+        """Queue what arrived by ``now``; admit from the queue head while sequence slots are free."""
+        while self.upcoming.engine_time_s <= now + 1e-12:
+            self.waiting.append(self.upcoming)
+            self.upcoming = next(self.arrivals)
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            arrival = self.waiting.popleft()
+            request = arrival.request
+            prefilled = 0 if self.config.chunked_prefill else request.context_tokens
+            slot = heapq.heappop(self.free_slots)
+            running = _Running(arrival.request_id, slot, request.context_tokens, request.generated_tokens,
+                               prefilled)
+            self.running.append(running)
+
+    def decode(self) -> tuple[list[_Running], list[_Running]]:
+        """Every request past its prompt decodes one token: (the decoders, those now finished)."""
+        decoding = [r for r in self.running if r.prefilled == r.context_tokens]
+        finished = []
+        for r in decoding:
+            r.decoded += 1
+            if r.decoded == r.generated_tokens:
+                finished.append(r)
+        return decoding, finished
+
+    def prefill(self, num_decoding: int, finished: list[_Running]) -> list[PrefillChunk]:
+        """Prompt chunks, oldest request first, from the token budget the decodes left."""
+        budget = self.config.max_num_batched_tokens - num_decoding
+        chunks: list[PrefillChunk] = []
+        for r in self.running:
+            if budget <= 0:
+                break
+            remaining = r.context_tokens - r.prefilled
+            if remaining <= 0:
+                continue
+            size = min(remaining, budget)
+            final = size == remaining
+            chunks.append(PrefillChunk(r.request_id, r.slot, r.prefilled, size, final))
+            r.prefilled += size
+            budget -= size
+            if final:
+                r.decoded = 1  # the last prompt chunk samples the first generated token
+                if r.generated_tokens == 1:
+                    finished.append(r)
+        return chunks
+
+    def retire(self, finished: list[_Running]) -> None:
+        """Finished requests leave; their KV slots are free for the next admissions."""
+        if not finished:
+            return
+        done = {id(r) for r in finished}
+        self.running = [r for r in self.running if id(r) not in done]
+        for r in finished:
+            heapq.heappush(self.free_slots, r.slot)
+
+
 class ContinuousBatchScheduler:
     """Replays a trace through continuous batching: the per-step batches a graph cache meets.
 
@@ -291,58 +364,15 @@ class ContinuousBatchScheduler:
     def steps(self) -> Iterator[Step]:
         """Yield steps forever (use ``itertools.islice`` or ``take`` for a fixed number)."""
         cfg = self.config
-        arrivals = self._arrivals()
-        upcoming = next(arrivals)
-        waiting: list[_Arrival] = []
-        waiting_head = 0
-        running: list[_Running] = []
-        free_slots = list(range(cfg.max_num_seqs))
-        step_index, simulated = 0, 0
+        engine = _Engine(cfg, self._arrivals())
         period = self.trace.period_s
+        step_index = simulated = 0
         while True:
+            step_index = engine.skip_idle(step_index)
             now = step_index * cfg.step_seconds
-            if not running and waiting_head == len(waiting) and upcoming.engine_time_s > now:
-                step_index = math.ceil(upcoming.engine_time_s / cfg.step_seconds - 1e-9)
-                now = step_index * cfg.step_seconds
-            while upcoming.engine_time_s <= now + 1e-12:
-                waiting.append(upcoming)
-                upcoming = next(arrivals)
-            while waiting_head < len(waiting) and len(running) < cfg.max_num_seqs:
-                arrival = waiting[waiting_head]
-                waiting_head += 1
-                slot = heapq.heappop(free_slots)
-                prefilled = 0 if cfg.chunked_prefill else arrival.request.context_tokens
-                running.append(_Running(arrival.request_id, slot, arrival.request.context_tokens,
-                                        arrival.request.generated_tokens, prefilled))
-            if waiting_head > 4096:  # drop the consumed head now and then; keeps the queue small
-                del waiting[:waiting_head]
-                waiting_head = 0
-
-            decoding = [r for r in running if r.prefilled == r.context_tokens]
-            finished: list[_Running] = []
-            for r in decoding:
-                r.decoded += 1
-                if r.decoded == r.generated_tokens:
-                    finished.append(r)
-            chunks: list[PrefillChunk] = []
-            if cfg.chunked_prefill:
-                budget = cfg.max_num_batched_tokens - len(decoding)
-                for r in running:
-                    if budget <= 0:
-                        break
-                    remaining = r.context_tokens - r.prefilled
-                    if remaining <= 0:
-                        continue
-                    size = min(remaining, budget)
-                    final = size == remaining
-                    chunks.append(PrefillChunk(r.request_id, r.slot, r.prefilled, size, final))
-                    r.prefilled += size
-                    budget -= size
-                    if final:
-                        r.decoded = 1  # the last prompt chunk samples the first generated token
-                        if r.generated_tokens == 1:
-                            finished.append(r)
-
+            engine.admit(now)
+            decoding, finished = engine.decode()
+            chunks = engine.prefill(len(decoding), finished) if cfg.chunked_prefill else []
             step = Step(
                 index=simulated - cfg.warmup_steps,
                 trace_time_s=(self.start_offset_s + now * cfg.speedup) % period,
@@ -351,13 +381,9 @@ class ContinuousBatchScheduler:
                 decode_positions=tuple(r.context_tokens + r.decoded - 1 for r in decoding),
                 prefill_chunks=tuple(chunks),
                 finished_request_ids=tuple(r.request_id for r in finished),
-                num_waiting=len(waiting) - waiting_head,
+                num_waiting=len(engine.waiting),
             )
-            if finished:
-                done = {id(r) for r in finished}
-                running = [r for r in running if id(r) not in done]
-                for r in finished:
-                    heapq.heappush(free_slots, r.slot)
+            engine.retire(finished)
             step_index += 1
             simulated += 1
             if simulated > cfg.warmup_steps:
