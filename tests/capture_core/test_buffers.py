@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from capture_core.buffers import BufferSpec, StaticBuffers
 
@@ -57,3 +59,15 @@ def test_mistakes_get_clear_errors():
         buffers.load(2, positions=torch.arange(2))
     with pytest.raises(ValueError, match="positive"):
         StaticBuffers(0, {"x": BufferSpec(torch.long)})
+
+
+@given(st.integers(1, 16), st.data())
+def test_load_always_leaves_real_values_then_padding(max_tokens, data):
+    padded = data.draw(st.integers(1, max_tokens), label="padded size")
+    real = data.draw(st.integers(0, padded), label="real rows")
+    values = data.draw(st.lists(st.integers(-50, 50), min_size=real, max_size=real), label="values")
+    buffers = StaticBuffers(max_tokens, {"ids": BufferSpec(torch.long, pad_value=-1)})
+    buffers.load(max_tokens, ids=torch.arange(max_tokens) + 100)  # a previous, larger step
+    view = buffers.load(padded, ids=torch.tensor(values, dtype=torch.long))["ids"]
+    assert view.tolist() == values + [-1] * (padded - real)
+    assert view.data_ptr() == buffers.tensors["ids"].data_ptr()

@@ -157,3 +157,32 @@ def test_violations_are_never_swallowed_for_a_wrapper_without_signature(runtime,
     assert len(names) == 2
     (violation,) = observer.violations
     assert violation.kind is ViolationKind.ADDRESS_DRIFT and violation.input_name == names[1]
+
+
+def test_two_threads_reaching_one_missing_graph_capture_it_once(runtime, observer):
+    import threading
+    import time
+
+    started = threading.Barrier(2)
+
+    def slow_double(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.01)  # keeps the first capture going while the other thread arrives
+        return x * 2
+
+    wrapper = CUDAGraphWrapper(slow_double, runtime)
+    x = torch.ones(4)
+    results = []
+
+    def worker() -> None:
+        started.wait()
+        with set_forward_context(FULL, DESC):
+            results.append(wrapper(x).clone())
+
+    with runtime.capture_phase():
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(observer.captures) == 1 and len(observer.replays) == 1
+    assert all(torch.equal(r, torch.full((4,), 2.0)) for r in results)
