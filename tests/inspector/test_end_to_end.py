@@ -108,6 +108,37 @@ def test_recorder_fans_out_beside_another_observer(sqlite_url: str) -> None:
     assert seen == ["tokens=2,reqs=2,uniform=1"]
 
 
+@pytest.mark.cuda
+def test_cuda_graphs_are_recorded_with_their_pool_memory(sqlite_url: str) -> None:
+    dispatcher = CUDAGraphDispatcher(CUDAGraphMode.FULL_DECODE_ONLY, [1, 2, 4, 8])
+    with Recorder(sqlite_url, flush_interval=0.05) as recorder:
+        runtime = GraphRuntime("cuda", observer=recorder, progress=False)
+        wrapper = CUDAGraphWrapper(step, runtime, CUDAGraphMode.FULL, name="step")
+        x, scale = torch.ones(8, device="cuda"), torch.tensor(2.0, device="cuda")
+        with runtime.capture_phase():
+            for mode, descriptor in dispatcher.capture_list():
+                with set_forward_context(mode, descriptor):
+                    wrapper(x[: descriptor.num_tokens], scale=scale)
+        for real in (1, 3, 8):
+            mode, descriptor = dispatcher.dispatch(real, uniform_decode=True)
+            with set_forward_context(mode, descriptor, num_real_tokens=real):
+                out = wrapper(x[: descriptor.num_tokens], scale=scale)
+        torch.cuda.synchronize()
+        assert torch.equal(out[:8].cpu(), torch.full((8,), 2.0))
+    store = open_store(sqlite_url, upgrade=False)
+    try:
+        report = build_report(store)
+        registry = CollectorRegistry()
+        registry.register(InspectorCollector(store))
+        pool_bytes = registry.get_sample_value(f"{PREFIX}graph_pool_bytes", {"mode": "full"})
+    finally:
+        store.dispose()
+    (run,) = report.runs
+    assert report.ok and (run.backend, run.graphs, run.replays) == ("cuda", 4, 3)
+    assert run.device.startswith("cuda:")
+    assert pool_bytes is not None and pool_bytes > 0
+
+
 @pytest.mark.slow
 def test_recorder_bench_quick_run_writes_json_and_targets(tmp_path: Path) -> None:
     out = tmp_path / "recorder.json"
