@@ -27,6 +27,8 @@ import time
 from collections import deque
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, FanOutObserver, NullObserver, ViolationEvent
 from capture_core.modes import CUDAGraphMode
@@ -192,7 +194,7 @@ class Recorder:
             return self
         try:
             self._open(time.time())
-        except StoreUnavailable as error:
+        except (StoreUnavailable, SQLAlchemyError, OSError) as error:
             self._note_failure(error, time.monotonic())
         self._thread = threading.Thread(target=self._flush_loop, name="graph-inspector-recorder", daemon=True)
         self._thread.start()

@@ -67,6 +67,25 @@ def test_locked_database_is_waited_out_without_loss(tmp_path: Path) -> None:
     assert _query(url, select(func.count()).select_from(Graph))[0][0] == 1
 
 
+def test_start_while_locked_returns_and_writes_the_run_once_unlocked(tmp_path: Path) -> None:
+    path = tmp_path / "locked-at-start.db"
+    url = f"sqlite:///{path}"
+    open_store(url).dispose()
+    locker = sqlite3.connect(path, timeout=0, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        recorder = Recorder(url, flush_interval=0.05).start()  # waits out the busy timeout, then goes on
+        assert recorder.run_id is None and "locked" in (recorder.last_error or "")
+        recorder.on_violation(drift(BatchDescriptor(1, 1, True), actual=0x1000))
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert recorder.flush(timeout=20)
+    recorder.close()
+    assert recorder.run_id is not None and recorder.dropped == 0
+    assert _query(url, select(func.count()).select_from(Violation))[0][0] == 1
+
+
 def test_events_beyond_the_pending_bound_are_counted_and_reported_once_writable(tmp_path: Path) -> None:
     path = tmp_path / "overflow.db"
     url = f"sqlite:///{path}"
