@@ -60,7 +60,7 @@ METRICS: tuple[MetricSpec, ...] = (
         f"{PREFIX}capture_duration_seconds",
         "summary",
         ("mode",),
-        "Time spent capturing graphs (warm-up included): _sum seconds over _count captures.",
+        "Time spent capturing graphs, warm-up included (the sum in seconds, and the count of captures).",
     ),
     MetricSpec(
         f"{PREFIX}replays_total",

@@ -123,3 +123,8 @@ def test_markdown_table_lists_every_metric() -> None:
     table = metrics_table_markdown()
     assert all(f"`{spec.name}`" in table for spec in METRICS)
     assert table.count("\n") == len(METRICS) + 2
+
+
+def test_the_inspector_readme_lists_the_metrics_as_exported() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "inspector" / "README.md").read_text()
+    assert metrics_table_markdown() in readme
