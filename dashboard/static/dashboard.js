@@ -95,25 +95,46 @@
     },
   };
 
+  /* Points on a time axis, with a break (null) wherever a stretch of buckets is missing, so that
+   * the line does not bridge the hours between two runs. */
+  function withGaps(points, value) {
+    const data = [];
+    const steps = points.slice(1).map((p, i) => p.t - points[i].t);
+    const step = steps.length ? Math.min(...steps) : 0;
+    points.forEach((p, i) => {
+      if (i > 0 && p.t - points[i - 1].t > 2 * step) data.push({ x: points[i - 1].t + step, y: null });
+      const v = value(p);
+      data.push({ x: p.t, y: v === null ? null : v * 100 });
+    });
+    return data;
+  }
+
   function seriesConfig(s) {
     const points = s.charts.series;
     const span = points.length ? points[points.length - 1].t - points[0].t : 0;
+    const line = (label, color, value) => ({
+      label, data: withGaps(points, value), borderColor: color, backgroundColor: color,
+      pointRadius: 0, borderWidth: 2, spanGaps: false,
+    });
     return {
       type: "line",
       data: {
-        labels: points.map((p) => fmt.clock(p.t, span)),
         datasets: [
-          { label: "hit ratio", data: points.map((p) => (p.hit_ratio === null ? null : p.hit_ratio * 100)),
-            borderColor: COLORS.hit, backgroundColor: COLORS.hit, pointRadius: 0, borderWidth: 2, spanGaps: true },
-          { label: "padding waste", data: points.map((p) => (p.padding_waste === null ? null : p.padding_waste * 100)),
-            borderColor: COLORS.waste, backgroundColor: COLORS.waste, pointRadius: 0, borderWidth: 2, spanGaps: true },
+          line("hit ratio", COLORS.hit, (p) => p.hit_ratio),
+          line("padding waste", COLORS.waste, (p) => p.padding_waste),
         ],
       },
       options: Object.assign(baseOptions(), {
         scales: { y: { min: 0, max: 100, ticks: { callback: (v) => v + " %" }, grid: { color: COLORS.grid } },
-                  x: { ticks: { maxTicksLimit: 8, maxRotation: 0 }, grid: { display: false } } },
+                  x: { type: "linear", min: points.length ? points[0].t : undefined,
+                       max: points.length ? points[points.length - 1].t : undefined,
+                       ticks: { maxTicksLimit: 7, maxRotation: 0, callback: (v) => fmt.clock(v, span) },
+                       grid: { display: false }, title: { display: true, text: "time (UTC)" } } },
         plugins: Object.assign(baseOptions().plugins, {
-          tooltip: { callbacks: { label: (c) => c.dataset.label + ": " + (c.parsed.y === null ? "\u2013" : c.parsed.y.toFixed(1) + " %") } },
+          tooltip: { callbacks: {
+            title: (items) => (items.length ? fmt.clock(items[0].parsed.x, span) : ""),
+            label: (c) => c.dataset.label + ": " + (c.parsed.y === null ? "\u2013" : c.parsed.y.toFixed(1) + " %"),
+          } },
         }),
       }),
     };
@@ -169,10 +190,12 @@
     return {
       type: "scatter",
       data: {
-        datasets: modes.map((mode) => ({
+        datasets: modes.map((mode, i) => ({
           label: mode,
           backgroundColor: COLORS[mode] || COLORS.replays,
-          pointRadius: 3.5,
+          borderColor: COLORS[mode] || COLORS.replays,
+          pointStyle: ["circle", "triangle", "rect"][i % 3],
+          pointRadius: 4,
           data: rows.filter((r) => r.mode === mode).map((r) => ({ x: r.size, y: r.pool_bytes / 1048576, id: r.id })),
         })),
       },
