@@ -80,6 +80,10 @@ RUNNER_CHECKS = {
 }
 RUNNER_TARGET = 1.02
 CHECK_TARGET_PCT = 2.0
+AGREEMENT_TOLERANCE = 0.05
+"""Largest logit difference from eager, relative to the largest eager logit, that still counts as
+the same computation (bf16, and torch.compile's fused kernels round differently); a graph reading
+stale or wrong memory is off by the order of the logits themselves."""
 POSITION = 100
 """Every token decodes at this position (attention reads the slot's whole row either way)."""
 
@@ -253,9 +257,18 @@ def measure_model(
                     else:
                         variants[COMPILE] = step
                     compile_seconds += time.perf_counter() - first
+                errors = errors_vs_eager(variants)
+                for variant, error in errors.items():
+                    if not error <= AGREEMENT_TOLERANCE:
+                        notes.append(
+                            f"{name} batch {batch}: {variant} logits differ from eager by {error:.3g} of "
+                            f"the largest logit (tolerance {AGREEMENT_TOLERANCE}): its timing is not of the "
+                            "same computation"
+                        )
                 rounds, iters = _repetitions(variants, timer, budget, models_left, len(sizes) - index, args)
                 samples = time_interleaved(variants, timer, rounds=rounds, iters=iters)
                 entry = _size_result(batch, samples, rounds, iters)
+                entry["max_rel_err_vs_eager"] = errors
                 entry["check_host_us"] = check_host_us(runner, batch, quick=args.quick)
                 entry["check_host_pct_of_step"] = (
                     entry["check_host_us"] / (entry["variants"][CHECK]["median_ms"] * 1e3) * 100
@@ -348,6 +361,21 @@ def _size_result(batch: int, samples: dict[str, list[float]], rounds: int, iters
     off, on = stats[RUNNER].median, stats[CHECK].median
     entry["check_step_delta_pct"] = (on - off) / off * 100
     return entry
+
+
+def errors_vs_eager(variants: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """Max logit difference of every variant's step from the eager step's, over the largest logit.
+
+    Every variant writes the same K/V at the same places of a cache that is otherwise zero, so
+    they all compute the same logits: a benchmark of a variant that does not is void.
+    """
+    reference = variants[EAGER]().float()
+    scale = max(reference.abs().max().item(), 1e-6)
+    return {
+        name: (fn().float() - reference).abs().max().item() / scale
+        for name, fn in variants.items()
+        if name != EAGER
+    }
 
 
 def host_issue_us(

@@ -61,6 +61,9 @@ def test_decode_quick_times_every_variant_at_every_size(quick_results) -> None:
         assert size["ratio_to_baseline"][size["baseline"]] == 1.0
         assert set(size["host_us_per_step"]) == {"runner", "+check"} | ({"bare"} if ON_CUDA else set())
         assert size["check_host_us"] > 0
+        # Every variant computed the same logits as eager, so its timing is of the same work.
+        assert set(size["max_rel_err_vs_eager"]) == expected - {"eager"}
+        assert all(err <= 0.05 for err in size["max_rel_err_vs_eager"].values())
     if ON_CUDA:
         assert {"graphs_captured", "cudagraph_skips", "skip_reasons"} <= set(result["compile"])
     else:
