@@ -180,14 +180,27 @@ def find_call_site(frames: list[types.FrameType]) -> CallSite:
 def find_inputs(frames: list[types.FrameType]) -> CapturedInputs:
     """Tensor arguments of the nearest capturing frame that has any, up to the engine's own frame.
 
-    torch.compile's recorder is called with the graph's inputs; vLLM-style wrappers with the model's
-    inputs; a plain loop at module level with none (the module pre-hook in ``hooks`` covers that).
+    torch.compile's recorder is called with the graph's inputs; vLLM-style wrappers with the
+    model's. Code that captures without tensor arguments is covered, in order, by the module
+    pre-hook in ``hooks`` (what the first module was called with) and ``find_local_inputs``.
     """
     for frame in frames:
         named = list(_tensor_arguments(frame))
         if named:
             return CapturedInputs.from_named(named)
         if not _in_torch(frame):
+            break
+    return CapturedInputs()
+
+
+def find_local_inputs(frames: list[types.FrameType]) -> CapturedInputs:
+    """The tensors the engine's own function holds when it starts the capture: SGLang-style
+    runners slice their static buffers into locals and call ``forward`` directly (no module hook
+    fires). A guess, so the last resort; module-level code has no locals of its own to look at."""
+    for frame in frames:
+        if not _in_torch(frame):
+            if frame.f_code.co_flags & 0x02:  # CO_NEWLOCALS: a function, not module-level code
+                return CapturedInputs.from_named(_tensor_locals(frame))
             break
     return CapturedInputs()
 
@@ -237,6 +250,12 @@ def _tensor_arguments(frame: types.FrameType) -> Iterator[tuple[str, torch.Tenso
     if starstar is not None:
         for key, item in dict(values.get(starstar, {})).items():
             yield from named_tensors(str(key), item)
+
+
+def _tensor_locals(frame: types.FrameType) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, value in list(frame.f_locals.items()):
+        if name not in ("self", "cls"):
+            yield from named_tensors(name, value)
 
 
 def _is_plumbing(frame: types.FrameType) -> bool:

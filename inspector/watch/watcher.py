@@ -34,6 +34,7 @@ from inspector.watch.identity import (
     digest,
     find_call_site,
     find_inputs,
+    find_local_inputs,
     format_stack,
 )
 from inspector.watch.pools import PoolId, PoolMeter, allocator_pool_bytes
@@ -107,6 +108,7 @@ class PendingCapture:
     started_at: float
     thread: int = field(default_factory=threading.get_ident)
     module_inputs: CapturedInputs = field(default_factory=CapturedInputs)
+    local_inputs: CapturedInputs = field(default_factory=CapturedInputs)
     module_hook: object = None
     """The removable handle of the module pre-hook that looks for inputs when no frame showed any."""
 
@@ -181,9 +183,12 @@ class Watcher:
                 if quiet >= self.ready_after:
                     self.ready_reason = f"{quiet} replays and no new capture (ready_after={self.ready_after})"
             unexpected_reason = self.ready_reason
+        if inputs is None:
+            inputs = find_inputs(frames)
         return PendingCapture(
             site=site or find_call_site(frames),
-            inputs=inputs if inputs is not None else find_inputs(frames),
+            inputs=inputs,
+            local_inputs=CapturedInputs() if inputs else find_local_inputs(frames),
             label=label,
             stack=format_stack(frames) if unexpected_reason else "",
             pool_arg=pool_arg,
@@ -199,7 +204,7 @@ class Watcher:
         pool = pool or pending.pool_arg
         before = pending.pool_bytes_before if pool == pending.pool_arg else 0
         pool_bytes = max(self._measure(pool) - before, 0)
-        inputs = pending.inputs or pending.module_inputs
+        inputs = pending.inputs or pending.module_inputs or pending.local_inputs
         with self._lock:
             # The same code and shapes captured again gets the next ordinal: vLLM's piecewise
             # wrapper captures every layer slice from one line with one shape, and torch's own

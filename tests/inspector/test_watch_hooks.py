@@ -179,16 +179,53 @@ def test_make_graphed_callables_captures_are_labelled_by_the_call(cuda_api_on_cp
     assert forward.descriptor.num_tokens == 6 and not cuda_api_on_cpu.violations
 
 
-def test_inputs_unseen_in_frames_come_from_the_first_module_call(collector: Collector) -> None:
+class SlicingRunner:
+    """How SGLang-style runners capture: slice static buffers into locals, call forward directly."""
+
+    def __init__(self) -> None:
+        self.input_ids = torch.zeros(64, dtype=torch.long)
+        self.hidden = torch.zeros(64, 4)
+
+    def capture_one_batch_size(self, bs: int) -> torch.cuda.CUDAGraph:
+        input_ids = self.input_ids[:bs]
+        hidden = self.hidden[:bs]
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin()
+        MODEL.forward(hidden + input_ids[:, None])  # .forward(): no module hook fires
+        graph.capture_end()
+        return graph
+
+
+def test_inputs_of_a_runner_without_tensor_arguments_come_from_its_locals(collector: Collector) -> None:
     watch.install(collector)
+    runner = SlicingRunner()
+    runner.capture_one_batch_size(16)
+    runner.capture_one_batch_size(8)
+    first, second = collector.captures
+    assert first.input_names == ("input_ids", "hidden")
+    assert "[16, 16x4]" in first.descriptor.key and "[8, 8x4]" in second.descriptor.key
+    assert (first.descriptor.num_tokens, second.descriptor.num_tokens) == (16, 8)
+
+
+MODULE_LEVEL_LOOP = """
+for rows in (16, 4):
+    x = torch.zeros(rows, 4)
     graph = torch.cuda.CUDAGraph()
-    x = torch.zeros(16, 4)
     graph.capture_begin()
-    MODEL(x)  # the capturing code has no tensor arguments: a module-level loop would look like this
+    MODEL(x)
     graph.capture_end()
-    (event,) = collector.captures
-    assert event.input_names == ("Linear.args[0]",) and event.input_addresses == (x.data_ptr(),)
-    assert event.descriptor.num_tokens == 16
+    kept.append(x)
+"""
+
+
+def test_module_level_captures_take_their_inputs_from_the_first_module_call(collector: Collector) -> None:
+    watch.install(collector)
+    kept: list[torch.Tensor] = []
+    exec(compile(MODULE_LEVEL_LOOP, "engine_loop.py", "exec"), {"torch": torch, "MODEL": MODEL, "kept": kept})
+    first, second = collector.captures
+    assert first.input_names == ("Linear.args[0]",) and first.input_addresses == (kept[0].data_ptr(),)
+    assert (first.descriptor.num_tokens, second.descriptor.num_tokens) == (16, 4)
+    assert first.wrapper == "engine_loop.py:5 in <module>"  # the capture_begin line
     assert not torch.nn.modules.module._global_forward_pre_hooks  # removed at capture_end
 
 
