@@ -507,6 +507,12 @@ def _targets(results: list[dict[str, Any]], device: torch.device) -> list[dict[s
     return targets
 
 
+def _median(entry: dict[str, Any], variant: str) -> float | None:
+    """A variant's median at one size; None where it was not timed (a peer that failed part way)."""
+    stats = entry["variants"].get(variant)
+    return None if stats is None else stats["median_ms"]
+
+
 def _runner_host_added_us(entry: dict[str, Any]) -> float | None:
     """Host time the runner spends issuing a step beyond the bare loop's (None without the bare loop)."""
     host = entry["host_us_per_step"]
@@ -515,14 +521,14 @@ def _runner_host_added_us(entry: dict[str, Any]) -> float | None:
 
 def _print_tables(results: list[dict[str, Any]]) -> None:
     for result in results:
-        names = list(result["sizes"][0]["variants"])
+        names = list(dict.fromkeys(n for e in result["sizes"] for n in e["variants"]))
         baseline = result["sizes"][0]["baseline"]
         others = [n for n in names if n != baseline]
         title = f"Decode step, {result['model']} ({result['params'] / 1e6:.1f}M params)"
         print_table(
             f"{title}: median ms per step",
             ("batch", *names),
-            [(e["batch"], *(e["variants"][n]["median_ms"] for n in names)) for e in result["sizes"]],
+            [(e["batch"], *(_median(e, n) for n in names)) for e in result["sizes"]],
         )
         print_table(
             f"{title}: ratio to {baseline} (same run), and the always-on check",
@@ -537,7 +543,7 @@ def _print_tables(results: list[dict[str, Any]]) -> None:
             [
                 (
                     e["batch"],
-                    *(e["ratio_to_baseline"][n] for n in others),
+                    *(e["ratio_to_baseline"].get(n) for n in others),
                     _runner_host_added_us(e),
                     e["check_host_us"],
                     e["check_host_pct_of_step"],

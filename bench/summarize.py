@@ -203,13 +203,13 @@ def details(payload: dict[str, Any]) -> str:
     blocks = []
     if name == "gpu_decode":
         for r in results:
-            names = list(r["sizes"][0]["variants"])
+            names = list(dict.fromkeys(n for s in r["sizes"] for n in s["variants"]))
             base = r["sizes"][0]["baseline"]
             rows = [
                 (
                     s["batch"],
-                    *(s["variants"][n]["median_ms"] for n in names),
-                    *(s["ratio_to_baseline"][n] for n in names if n != base),
+                    *(s["variants"].get(n, {}).get("median_ms") for n in names),
+                    *(s["ratio_to_baseline"].get(n) for n in names if n != base),
                     _runner_host_added(s),
                     s.get("check_host_pct_of_step"),
                 )
