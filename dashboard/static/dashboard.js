@@ -201,7 +201,9 @@
       },
       options: Object.assign(baseOptions(), {
         scales: { x: { title: { display: true, text: "capture size (tokens)" }, grid: { color: COLORS.grid } },
-                  y: { beginAtZero: true, title: { display: true, text: "pool memory (MiB)" }, grid: { color: COLORS.grid } } },
+                  // Log scale: the first graph holds the shared pool, the rest hold little of their own.
+                  y: { type: "logarithmic", title: { display: true, text: "pool memory (MiB, log scale)" },
+                       grid: { color: COLORS.grid }, ticks: { callback: (v) => (String(v)[0] === "1" ? v : "") } } },
         plugins: Object.assign(baseOptions().plugins, {
           tooltip: { callbacks: { label: (c) => "graph #" + c.raw.id + ": " + c.raw.x + " tokens, " + c.raw.y.toFixed(1) + " MiB" } },
         }),
