@@ -35,6 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"port (default {DEFAULT_PORT}; 0 picks a free one and prints it)")
     parser.add_argument("--token", help=f"access token for every page, API call and scrape (default: "
                         f"${TOKEN_ENV})")
+    parser.add_argument("--get", metavar="PATH", help="answer one request in-process, print the body and "
+                        "exit (non-zero for an error status): a smoke test, e.g. --get /api/summary")
     parser.set_defaults(func=run)
 
 
@@ -51,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from inspector.errors import UsageError
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
+    if args.get:
+        return get(args.db, args.get, token)
     if not is_loopback(args.host) and not token:
         raise UsageError(
             f"refusing to serve on {args.host} without an access token: the dashboard shows stack traces "
@@ -62,6 +66,21 @@ def run(args: argparse.Namespace) -> int:
 
     app = create_app(args.db, token=token)
     return serve(app, args.host, args.port)
+
+
+def get(db_url: str | None, path: str, token: str | None) -> int:
+    """One request through the whole app without binding a port; exit 1 on a 4xx/5xx answer."""
+    from dashboard.app import create_app
+
+    app = create_app(db_url, token=token)
+    app.extensions["graph_inspector"].queries.rollup.warm()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = app.test_client().get(path if path.startswith("/") else "/" + path, headers=headers)
+    sys.stdout.write(response.get_data(as_text=True))
+    if response.status_code >= 400:
+        print(f"graph-inspector serve --get {path}: HTTP {response.status_code}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int:

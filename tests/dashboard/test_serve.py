@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -46,3 +47,20 @@ def test_an_unreadable_database_is_a_clear_error(tmp_path, capsys: pytest.Captur
     err = capsys.readouterr().err
     assert "not a readable SQLite database" in err and "Traceback" not in err
     assert bogus.read_text().startswith("these are my notes")
+
+
+def test_get_answers_one_request_in_process(
+    db_url: str, seeded: dict[str, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--db", db_url, "--get", "/api/summary"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["ok"] is True and body["data"]["graphs"]["count"] == 77
+    assert main(["serve", "--db", db_url, "--get", "/api/graphs/999999"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["status"] == 404 and "HTTP 404" in captured.err
+
+
+def test_get_sends_the_token(db_url: str, seeded: dict[str, int], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--db", db_url, "--token", "t0k", "--get", "healthz"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert main(["serve", "--db", db_url, "--token", "t0k", "--get", "/api/runs"]) == 0
