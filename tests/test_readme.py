@@ -1,0 +1,36 @@
+"""The README's promises: its library example runs, and its two commands are the ones CI uses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_library_example_runs_and_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GRAPH_INSPECTOR_DB", f"sqlite:///{tmp_path / 'readme.db'}")
+    code = re.findall(r"```python\n(.*?)```", README, re.S)[0]
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert tuple(namespace["logits"].shape) == (3, namespace["model"].config.vocab_size)
+
+    from inspector.queries import Queries
+    from inspector.store import open_store
+
+    runs = Queries(open_store(f"sqlite:///{tmp_path / 'readme.db'}").engine).runs()
+    assert [run["label"] for run in runs.items] == ["my-engine"]
+    assert runs.items[0]["graphs"] == 4
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    commands = re.findall(r"```bash\n(.*?)```", README, re.S)[0].splitlines()
+    assert commands[0].startswith("scripts/setup && graph-inspector demo")
+    test_command = commands[1].split("#")[0].strip()
+    ci = (ROOT / ".ci" / "run").read_text()
+    setup, _, pytest_command = test_command.partition(" && ")
+    assert f"bash {setup}" in ci and pytest_command in ci
