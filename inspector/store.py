@@ -92,14 +92,35 @@ class Store:
                 schema.check_compatible(conn, self.display_url)
                 if schema.current_revisions(conn) == (schema.head_revision(),):
                     return
-            with self._writer_engine.connect() as conn, conn.begin():
-                if conn.dialect.name == "postgresql":
-                    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-                # Another process may have migrated while this one waited for the lock.
-                schema.check_compatible(conn, self.display_url)
-                schema.upgrade(conn)
+            with self._writer_engine.connect() as conn:
+                # A batch migration rebuilds a SQLite table by copy, drop and rename; with foreign
+                # keys on, the drop would cascade into every child row. The pragma only takes
+                # effect outside a transaction, hence on the driver connection, before BEGIN.
+                self._sqlite_foreign_keys(conn, on=False)
+                try:
+                    with conn.begin():
+                        if conn.dialect.name == "postgresql":
+                            conn.execute(
+                                text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+                            )
+                        # Another process may have migrated while this one waited for the lock.
+                        schema.check_compatible(conn, self.display_url)
+                        schema.upgrade(conn)
+                        if self.is_sqlite:
+                            broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                            if broken:
+                                raise DatabaseError(
+                                    f"upgrading {self.display_url} would break {len(broken)} foreign "
+                                    "key(s); the upgrade was rolled back"
+                                )
+                finally:
+                    self._sqlite_foreign_keys(conn, on=True)
         except exc.DBAPIError as error:
             raise _translate(error, self.display_url) from None
+
+    def _sqlite_foreign_keys(self, conn: Connection, *, on: bool) -> None:
+        if self.is_sqlite:
+            conn.connection.driver_connection.execute(f"PRAGMA foreign_keys = {'ON' if on else 'OFF'}")
 
     def require_head(self) -> None:
         """Readers call this: a database behind this version's schema must be upgraded first."""

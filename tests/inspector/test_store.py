@@ -207,3 +207,50 @@ def test_older_schema_upgrades_step_by_step_keeping_rows(db_url: str) -> None:
         assert "replay_totals" in inspect(store.engine).get_table_names()
     finally:
         store.dispose()
+
+
+def test_a_migration_that_rebuilds_a_parent_table_keeps_the_child_rows(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlalchemy as sa
+    from alembic import command
+    from alembic.operations import Operations
+
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:
+        command.upgrade(schema.alembic_config(conn), "0001")
+        conn.execute(
+            text(
+                "INSERT INTO runs (id, label, host, pid, process, rank, world_size, device, backend, config, "
+                "started_at, last_seen_at, dropped_events) "
+                "VALUES (1, 'r', 'h', 1, 'p', 0, 1, 'cpu', 'eager', '{}', 1.0, 1.0, 0)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO graphs (run_id, wrapper, backend, input_names, input_addresses, "
+                "capture_seconds, pool_bytes, warmup_iters, num_segments, num_ubatches, ubatch_slices, "
+                "unexpected, captured_at, mode, num_tokens, num_reqs, uniform, has_lora, num_active_loras, "
+                "descriptor_key) "
+                "VALUES (1, 'w', 'eager', '[]', '[]', 0.1, 0, 1, 1, 1, '[]', 0, 1.0, "
+                "'full', 4, 4, 1, 0, 0, 'k')"
+            )
+        )
+    engine.dispose()
+    real_upgrade = schema.upgrade
+
+    def upgrade_and_rebuild_runs(conn) -> None:
+        # What a future batch migration of `runs` does on SQLite: copy, drop, rename.
+        real_upgrade(conn)
+        operations = Operations(MigrationContext.configure(conn))
+        with operations.batch_alter_table("runs", recreate="always") as batch:
+            batch.alter_column("label", existing_type=sa.String(200), existing_nullable=False)
+
+    monkeypatch.setattr(schema, "upgrade", upgrade_and_rebuild_runs)
+    store = open_store(sqlite_url)
+    try:
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM graphs")).scalar() == 1
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        store.dispose()
