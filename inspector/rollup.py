@@ -26,7 +26,7 @@ from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, cast, func
 from inspector.models import BatchSizeCount, EagerFallback, ReplayWindow, Run, Violation
 
 
-@dataclass
+@dataclass(slots=True)
 class Traffic:
     """Replays and tokens of some slice of the traffic, plus the batches that ran eagerly."""
 
@@ -69,11 +69,12 @@ class TimeBuckets:
         if found is None:
             found = self.buckets[index] = Traffic()
             if len(self.buckets) > self.max_buckets:
-                self._coarsen()
+                self.coarsen()
                 return self.bucket(at)
         return found
 
-    def _coarsen(self) -> None:
+    def coarsen(self) -> None:
+        """Halve the number of buckets by doubling their width."""
         merged: dict[int, Traffic] = {}
         for index, traffic in self.buckets.items():
             merged.setdefault(index // 2, Traffic()).add(traffic)
@@ -112,11 +113,15 @@ class Rollup:
         engine: Engine,
         *,
         max_buckets: int = 1024,
+        total_buckets: int = 200_000,
         settle_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.max_buckets = max_buckets
+        self.total_buckets = total_buckets
+        """Bound on buckets over all runs (a database of thousands of CI runs must not fill memory):
+        past it, the longest series are coarsened first."""
         if settle_seconds is None:
             settle_seconds = 0.0 if engine.dialect.name == "sqlite" else SETTLE_SECONDS
         self.settle_seconds = settle_seconds
@@ -164,6 +169,22 @@ class Rollup:
             self._fold_batch_sizes(conn, maxima["sizes"])
             self._fold_findings(conn, maxima["violations"])
             self._last_ids = maxima
+            self._keep_within_budget()
+
+    def buckets_held(self) -> int:
+        """Time buckets held over all runs: what the memory of the rollup grows with."""
+        with self._lock:
+            return sum(len(run.series.buckets) for run in self._runs.values())
+
+    def _keep_within_budget(self) -> None:
+        total = sum(len(run.series.buckets) for run in self._runs.values())
+        for run in sorted(self._runs.values(), key=lambda r: -len(r.series.buckets)):
+            while total > self.total_buckets and len(run.series.buckets) > 1:
+                before = len(run.series.buckets)
+                run.series.coarsen()
+                total -= before - len(run.series.buckets)
+            if total <= self.total_buckets:
+                return
 
     def warm(self) -> None:
         """Load everything there is before the first request (the daemon calls this at start)."""

@@ -95,6 +95,16 @@ def test_time_buckets_double_their_width_to_stay_bounded() -> None:
     assert sum(t.replays for t in buckets.buckets.values()) == 1000
 
 
+def test_all_runs_together_stay_within_the_bucket_budget(store: Store) -> None:
+    seed_sample(store.engine, now=time.time())
+    with store.engine.connect() as conn:
+        total = conn.scalar(select(func.sum(ReplayWindow.replays)))
+    rollup = Rollup(store.engine, total_buckets=40)
+    rollup.refresh()
+    assert rollup.buckets_held() <= 40
+    assert sum(t.replays for _, t in rollup.series()) == total
+
+
 def test_series_are_at_most_the_points_asked_for(store: Store) -> None:
     seed_sample(store.engine, now=time.time())
     queries = Queries(store.engine)
