@@ -15,7 +15,8 @@ bp = Blueprint("pages", __name__)
 def overview() -> str:
     summary = resources.summary().data
     return render_template(
-        "overview.html", summary=summary, runs=queries().run_options(), live=bool(summary["runs"]["live"])
+        "overview.html", summary=summary, runs=queries().run_options(summary["run"]),
+        live=bool(summary["runs"]["live"]),
     )
 
 
@@ -23,7 +24,8 @@ def overview() -> str:
 def graphs() -> str:
     resource = resources.graphs()
     return render_template(
-        "graphs.html", listing=resource.data, page=resource.page, runs=queries().run_options(),
+        "graphs.html", listing=resource.data, page=resource.page,
+        runs=queries().run_options(resource.data["filters"]["run"]),
         modes=GRAPH_MODES, sorts=list(GRAPH_SORTS), live=_any_live(),
     )
 
@@ -38,7 +40,8 @@ def graph(graph_id: str) -> str:
 def violations() -> str:
     resource = resources.violations()
     return render_template(
-        "violations.html", listing=resource.data, page=resource.page, runs=queries().run_options(),
+        "violations.html", listing=resource.data, page=resource.page,
+        runs=queries().run_options(resource.data["filters"]["run"]),
         kinds=VIOLATION_KINDS, live=_any_live(),
     )
 
@@ -57,4 +60,4 @@ def compare() -> str:
 
 
 def _any_live() -> bool:
-    return any(run["live"] for run in queries().run_options())
+    return bool(queries().live_run_ids())

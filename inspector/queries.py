@@ -72,11 +72,23 @@ class Queries:
         with self._session() as session:
             return session.get(Run, run_id) is not None
 
-    def run_options(self) -> list[dict[str, Any]]:
-        """Every run, newest first, as (id, label, live) for run pickers."""
+    def run_options(self, selected: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        """The newest runs (and ``selected``, however old), as (id, label, live) for run pickers."""
         with self._session() as session:
-            runs = session.scalars(select(Run).order_by(Run.started_at.desc(), Run.id.desc())).all()
+            runs = list(
+                session.scalars(select(Run).order_by(Run.started_at.desc(), Run.id.desc()).limit(limit))
+            )
+            if selected is not None and all(r.id != selected for r in runs):
+                runs += session.scalars(select(Run).where(Run.id == selected)).all()
             return [{"id": r.id, "label": _run_label(r), "live": self._is_live(r)} for r in runs]
+
+    def live_run_ids(self, run_id: int | None = None) -> list[int]:
+        """Runs recording now: not ended, flushed within ``LIVE_AFTER_S`` (of ``run_id`` only, if given)."""
+        query = select(Run.id).where(Run.ended_at.is_(None), Run.last_seen_at >= self._now() - LIVE_AFTER_S)
+        if run_id is not None:
+            query = query.where(Run.id == run_id)
+        with self._session() as session:
+            return list(session.scalars(query.order_by(Run.id)))
 
     def runs(self, page: int = 1, per_page: int = 50) -> Page:
         """Runs, newest first, each with its graph, memory, traffic and violation totals."""
@@ -175,9 +187,9 @@ class Queries:
                 .where(*graph_filter)
                 .order_by(Graph.num_tokens, Graph.id)
             ).all()
-            run_query = select(Run) if run_id is None else select(Run).where(Run.id == run_id)
-            runs = session.scalars(run_query).all()
-            live = [r.id for r in runs if self._is_live(r)]
+            run_filter = [] if run_id is None else [Run.id == run_id]
+            run_count = session.scalar(select(func.count(Run.id)).where(*run_filter)) or 0
+            backends = sorted(session.scalars(select(Run.backend).where(*run_filter).distinct()))
             traffic = _traffic_by(session, run_ids=scope).get((), Traffic())
             eager = _eager_by(session, EagerTotal.reason, EagerTotal.mode, run_ids=scope)
             traffic.eager_batches = sum(batches for batches, _ in eager.values())
@@ -185,7 +197,7 @@ class Queries:
         kinds = self.rollup.findings(scope)
         return {
             "run": run_id,
-            "runs": {"total": len(runs), "live": live, "backends": sorted({r.backend for r in runs})},
+            "runs": {"total": run_count, "live": self.live_run_ids(run_id), "backends": backends},
             "graphs": {
                 "count": totals[0],
                 "by_mode": by_mode,

@@ -119,3 +119,13 @@ def test_traffic_ratios_are_none_before_any_traffic() -> None:
     assert Traffic().hit_ratio is None and Traffic().padding_waste is None
     assert Traffic(replays=3, eager_batches=1).hit_ratio == 0.75
     assert Traffic(real_tokens=3, padded_tokens=1).padding_waste == 0.25
+
+
+def test_run_picker_lists_the_newest_runs_and_the_selected_one(store: Store) -> None:
+    ids = seed_sample(store.engine, now=time.time())
+    queries = Queries(store.engine)
+    assert [r["id"] for r in queries.run_options(limit=1)] == [ids["eager_run"]]
+    with_selected = queries.run_options(ids["cuda_run"], limit=1)
+    assert [r["id"] for r in with_selected] == [ids["eager_run"], ids["cuda_run"]]
+    assert queries.live_run_ids() == [ids["eager_run"]]
+    assert queries.live_run_ids(ids["cuda_run"]) == []
