@@ -1,5 +1,6 @@
-"""The read side's in-memory rollup: appended rows are folded in once, deletions rebuild it, and its
-series stay bounded however long a run lasts."""
+"""The read side (inspector.queries and its in-memory rollup): appended rows are folded in once,
+deletions rebuild it, its series stay bounded however long and many the runs, and run pickers stay
+short."""
 
 from __future__ import annotations
 
