@@ -266,9 +266,19 @@ def _is_plumbing(frame: types.FrameType) -> bool:
 
 
 def _in_torch(frame: types.FrameType) -> bool:
-    """torch's own code, and the code torch generates (FX graph modules are ``<eval_with_key>.N``)."""
+    """torch's own code, and the code torch generates: FX graph modules (``<eval_with_key>.N``) and
+    Inductor's compiled modules, written as .py files under its cache directory."""
     filename = frame.f_code.co_filename
-    return filename.startswith("<eval_with_key>") or os.path.abspath(filename).startswith(_TORCH_DIR)
+    if filename.startswith("<eval_with_key>") or _in_inductor_cache(filename):
+        return True
+    return os.path.abspath(filename).startswith(_TORCH_DIR)
+
+
+def _in_inductor_cache(filename: str) -> bool:
+    cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache_dir and os.path.abspath(filename).startswith(os.path.abspath(cache_dir)):
+        return True
+    return f"{os.sep}torchinductor_" in filename
 
 
 def _torch_function_name(frame: types.FrameType) -> str:
