@@ -58,7 +58,7 @@
     if (empty && !note) {
       note = document.createElement("div");
       note.className = "chart-empty";
-      note.textContent = "No data yet.";
+      note.textContent = canvas.dataset.empty || "No data yet.";
       box.appendChild(note);
     } else if (!empty && note) {
       note.remove();
@@ -128,7 +128,7 @@
         scales: { y: { min: 0, max: 100, ticks: { callback: (v) => v + " %" }, grid: { color: COLORS.grid } },
                   x: { type: "linear", min: points.length ? points[0].t : undefined,
                        max: points.length ? points[points.length - 1].t : undefined,
-                       ticks: { maxTicksLimit: 7, maxRotation: 0, callback: (v) => fmt.clock(v, span) },
+                       ticks: { maxTicksLimit: 7, maxRotation: 0, precision: 0, callback: (v) => fmt.clock(v, span) },
                        grid: { display: false }, title: { display: true, text: "time (UTC)" } } },
         plugins: Object.assign(baseOptions().plugins, {
           tooltip: { callbacks: {
@@ -184,6 +184,19 @@
     };
   }
 
+  /* Log scale when the sizes span decades (the first graph holds the shared pool, the rest little
+   * of their own); linear when they do not, or when some graph holds nothing (log has no zero). */
+  function memoryAxis(rows) {
+    const mib = rows.map((r) => r.pool_bytes / 1048576);
+    const smallest = Math.min(...mib), largest = Math.max(...mib);
+    if (smallest > 0 && largest / smallest > 20) {
+      return { type: "logarithmic", title: { display: true, text: "pool memory (MiB, log scale)" },
+               grid: { color: COLORS.grid }, ticks: { callback: (v) => (String(v)[0] === "1" ? v : "") } };
+    }
+    return { type: "linear", beginAtZero: true, title: { display: true, text: "pool memory (MiB)" },
+             grid: { color: COLORS.grid } };
+  }
+
   function memoryConfig(s) {
     const rows = s.charts.graph_memory;
     const modes = [...new Set(rows.map((r) => r.mode))].sort();
@@ -201,9 +214,7 @@
       },
       options: Object.assign(baseOptions(), {
         scales: { x: { title: { display: true, text: "capture size (tokens)" }, grid: { color: COLORS.grid } },
-                  // Log scale: the first graph holds the shared pool, the rest hold little of their own.
-                  y: { type: "logarithmic", title: { display: true, text: "pool memory (MiB, log scale)" },
-                       grid: { color: COLORS.grid }, ticks: { callback: (v) => (String(v)[0] === "1" ? v : "") } } },
+                  y: memoryAxis(rows) },
         plugins: Object.assign(baseOptions().plugins, {
           tooltip: { callbacks: { label: (c) => "graph #" + c.raw.id + ": " + c.raw.x + " tokens, " + c.raw.y.toFixed(1) + " MiB" } },
         }),
@@ -220,7 +231,7 @@
     ["chart-series", seriesConfig, (s) => s.charts.series.length === 0],
     ["chart-waste", wasteConfig, (s) => s.charts.waste_by_size.length === 0],
     ["chart-batches", batchesConfig, (s) => s.charts.batch_sizes.length === 0],
-    ["chart-memory", memoryConfig, (s) => s.charts.graph_memory.length === 0],
+    ["chart-memory", memoryConfig, (s) => s.charts.graph_memory.every((r) => r.pool_bytes === 0)],
   ];
 
   function drawOverview(summary, charts) {
