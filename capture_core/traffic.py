@@ -246,6 +246,11 @@ class _Arrival:
     request: TraceRequest
 
 
+_CLOCK_SLACK_S = 1e-9
+"""Arrivals this close after a step's start count as arrived: float step times are not exact, and
+the idle jump and the admission must agree on which step an arrival lands in."""
+
+
 class _Engine:
     """The scheduler's moving parts: the queue, the running requests and the free KV slots."""
 
@@ -261,12 +266,12 @@ class _Engine:
         """With nothing running or queued, the step at which the next request will have arrived."""
         if self.running or self.waiting:
             return step_index
-        arrival_step = math.ceil(self.upcoming.engine_time_s / self.config.step_seconds - 1e-9)
+        arrival_step = math.ceil((self.upcoming.engine_time_s - _CLOCK_SLACK_S) / self.config.step_seconds)
         return max(step_index, arrival_step)
 
     def admit(self, now: float) -> None:
         """Queue what arrived by ``now``; admit from the queue head while sequence slots are free."""
-        while self.upcoming.engine_time_s <= now + 1e-12:
+        while self.upcoming.engine_time_s <= now + _CLOCK_SLACK_S:
             self.waiting.append(self.upcoming)
             self.upcoming = next(self.arrivals)
         while self.waiting and len(self.running) < self.config.max_num_seqs:
