@@ -28,153 +28,113 @@ inputs that are refilled with ``copy_`` (the address check reports any that move
 observer (``inspector.Recorder``, or anything with the ``GraphObserver`` methods) to record it.
 """
 
-from capture_core import ubatch
-from capture_core.backends import (
-    CapturedGraph,
-    CudaGraphBackend,
-    EagerBackend,
-    GraphBackend,
-    pool_reserved_bytes,
-    select_backend,
-)
-from capture_core.buffers import BufferSpec, StaticBuffers
-from capture_core.checks import (
-    AddressCheckMode,
-    AddressDriftError,
-    Drift,
-    GraphCacheError,
-    InputLayout,
-    ParameterNames,
-    effective_check_mode,
-)
-from capture_core.descriptor import BatchDescriptor
-from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
-from capture_core.events import (
-    CaptureEvent,
-    FanOutObserver,
-    GraphObserver,
-    NullObserver,
-    ViolationEvent,
-    ViolationKind,
-)
-from capture_core.forward_context import (
-    ForwardContext,
-    get_forward_context,
-    set_forward_context,
-    use_forward_context,
-)
-from capture_core.model import AttentionMetadata, FlatBatch, ModelConfig, ReferenceDecoder, flatten_requests
-from capture_core.modes import CUDAGraphMode
-from capture_core.piecewise import (
-    PiecewiseEntry,
-    PiecewiseGraph,
-    SplitModel,
-    attention_boundary,
-    is_break_point,
-    split_at_break_points,
-)
-from capture_core.progress import ProgressBar
-from capture_core.runner import DecodeRunner
-from capture_core.runtime import (
-    CaptureDecision,
-    CapturePhase,
-    GraphRuntime,
-    UnexpectedCaptureError,
-    UnexpectedCapturePolicy,
-)
-from capture_core.sizes import (
-    EagerReason,
-    Padding,
-    SizeTable,
-    capture_sizes,
-    power_of_two_sizes,
-    validate_sizes,
-    vllm_default_sizes,
-)
-from capture_core.traffic import (
-    BatchSizeStats,
-    ContinuousBatchScheduler,
-    PaddingStats,
-    Trace,
-    TraceError,
-    TraceRequest,
-    TrafficConfig,
-    batch_size_histogram,
-    batch_size_stats,
-    decode_batch_sizes,
-    load_trace,
-    padding_stats,
-)
-from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
+from __future__ import annotations
 
-__all__ = [
-    "AddressCheckMode",
-    "AddressDriftError",
-    "AttentionMetadata",
-    "BatchDescriptor",
-    "BatchSizeStats",
-    "BufferSpec",
-    "CUDAGraphDispatcher",
-    "CUDAGraphMode",
-    "CUDAGraphWrapper",
-    "CaptureDecision",
-    "CaptureEvent",
-    "CapturePhase",
-    "CapturedGraph",
-    "ContinuousBatchScheduler",
-    "CudaGraphBackend",
-    "DecodeRunner",
-    "Dispatch",
-    "Drift",
-    "EagerBackend",
-    "EagerReason",
-    "FanOutObserver",
-    "FlatBatch",
-    "ForwardContext",
-    "GraphBackend",
-    "GraphCacheError",
-    "GraphEntry",
-    "GraphObserver",
-    "GraphRuntime",
-    "InputLayout",
-    "ModelConfig",
-    "NullObserver",
-    "Padding",
-    "PaddingStats",
-    "ParameterNames",
-    "PiecewiseEntry",
-    "PiecewiseGraph",
-    "ProgressBar",
-    "ReferenceDecoder",
-    "SizeTable",
-    "SplitModel",
-    "StaticBuffers",
-    "Trace",
-    "TraceError",
-    "TraceRequest",
-    "TrafficConfig",
-    "UnexpectedCaptureError",
-    "UnexpectedCapturePolicy",
-    "ViolationEvent",
-    "ViolationKind",
-    "attention_boundary",
-    "batch_size_histogram",
-    "batch_size_stats",
-    "capture_sizes",
-    "decode_batch_sizes",
-    "effective_check_mode",
-    "flatten_requests",
-    "get_forward_context",
-    "is_break_point",
-    "load_trace",
-    "padding_stats",
-    "pool_reserved_bytes",
-    "power_of_two_sizes",
-    "select_backend",
-    "set_forward_context",
-    "split_at_break_points",
-    "ubatch",
-    "use_forward_context",
-    "validate_sizes",
-    "vllm_default_sizes",
-]
+import importlib
+from typing import Any
+
+# Names resolve on first use (PEP 562), so that `import capture_core.modes` (the daemon needs two
+# enums) does not import the model, the backends and the rest of torch-heavy code.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "capture_core.backends": (
+        "CapturedGraph",
+        "CudaGraphBackend",
+        "EagerBackend",
+        "GraphBackend",
+        "pool_reserved_bytes",
+        "select_backend",
+    ),
+    "capture_core.buffers": ("BufferSpec", "StaticBuffers"),
+    "capture_core.checks": (
+        "AddressCheckMode",
+        "AddressDriftError",
+        "Drift",
+        "GraphCacheError",
+        "InputLayout",
+        "ParameterNames",
+        "effective_check_mode",
+    ),
+    "capture_core.descriptor": ("BatchDescriptor",),
+    "capture_core.dispatcher": ("CUDAGraphDispatcher", "Dispatch"),
+    "capture_core.events": (
+        "CaptureEvent",
+        "FanOutObserver",
+        "GraphObserver",
+        "NullObserver",
+        "ViolationEvent",
+        "ViolationKind",
+    ),
+    "capture_core.forward_context": (
+        "ForwardContext",
+        "get_forward_context",
+        "set_forward_context",
+        "use_forward_context",
+    ),
+    "capture_core.model": (
+        "AttentionMetadata",
+        "FlatBatch",
+        "ModelConfig",
+        "ReferenceDecoder",
+        "flatten_requests",
+    ),
+    "capture_core.modes": ("CUDAGraphMode",),
+    "capture_core.piecewise": (
+        "PiecewiseEntry",
+        "PiecewiseGraph",
+        "SplitModel",
+        "attention_boundary",
+        "is_break_point",
+        "split_at_break_points",
+    ),
+    "capture_core.progress": ("ProgressBar",),
+    "capture_core.runner": ("DecodeRunner",),
+    "capture_core.runtime": (
+        "CaptureDecision",
+        "CapturePhase",
+        "GraphRuntime",
+        "UnexpectedCaptureError",
+        "UnexpectedCapturePolicy",
+    ),
+    "capture_core.sizes": (
+        "EagerReason",
+        "Padding",
+        "SizeTable",
+        "capture_sizes",
+        "power_of_two_sizes",
+        "validate_sizes",
+        "vllm_default_sizes",
+    ),
+    "capture_core.traffic": (
+        "BatchSizeStats",
+        "ContinuousBatchScheduler",
+        "PaddingStats",
+        "Trace",
+        "TraceError",
+        "TraceRequest",
+        "TrafficConfig",
+        "batch_size_histogram",
+        "batch_size_stats",
+        "decode_batch_sizes",
+        "load_trace",
+        "padding_stats",
+    ),
+    "capture_core.ubatch": ("ubatch",),
+    "capture_core.wrapper": ("CUDAGraphWrapper", "GraphEntry"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'capture_core' has no attribute {name!r}")
+    loaded = importlib.import_module(module)
+    value = loaded if module == f"capture_core.{name}" else getattr(loaded, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
