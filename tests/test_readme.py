@@ -34,3 +34,9 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     setup, _, pytest_command = test_command.partition(" && ")
     assert f"bash {setup}" in ci and pytest_command in ci
+
+
+def test_the_metrics_table_is_the_exported_one() -> None:
+    from inspector.metrics import metrics_table_markdown
+
+    assert metrics_table_markdown() in README
