@@ -696,8 +696,10 @@ def launch(job: Job, timeout_s: float) -> list[dict[str, Any]]:
                     + "\n".join(_rank_states(job))
                 )
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        code = getattr(exc, "exit_code", None)
+        how = f"exit code {code}" if code is not None else "an exception"
         raise LaunchError(
-            f"a rank failed (exit: {str(exc).splitlines()[0]}); the others were stopped:\n"
+            f"rank {exc.error_index} stopped with {how}; every other rank was stopped too:\n"
             + "\n".join(_rank_states(job))
         ) from None
     results = [_read_json(Path(job.work_dir, f"rank{r}.json")) for r in range(job.nproc)]
