@@ -158,6 +158,8 @@ class CollectiveOverlapDecoder(CommOverlapDecoder):
         self.world = dist.get_world_size(group)
         self.scale = 1.0 / self.world
         self.bytes_per_token = payload_bytes_per_token
+        self.python_exchanges = 0
+        """Exchanges run by Python: a CUDA graph replay runs its captured collectives without any."""
         device = model.config.device
         rank = dist.get_rank(group)
         self.gather_src = torch.full(
@@ -167,6 +169,7 @@ class CollectiveOverlapDecoder(CommOverlapDecoder):
 
     def exchange(self, hidden: torch.Tensor) -> torch.Tensor:
         """All-reduce ``hidden`` into a fresh buffer on the comm stream; compute resumes on it."""
+        self.python_exchanges += 1
         # Allocated on the compute stream, so its memory is never recycled while comm writes it.
         received = torch.empty_like(hidden)
         dbo_yield_and_switch_from_compute_to_comm()
@@ -545,7 +548,9 @@ class DPBench:
             self.kv_cache.copy_(kv_before)
             return fn()[: plan.real].float().clone()
 
+        exchanges_before = decoder.python_exchanges
         got = fresh(lambda: self._ubatched(self.step_payload, plan.padded, plan.real, plan.padded_slices))
+        python_exchanges = decoder.python_exchanges - exchanges_before
         reference = fresh(lambda: decoder(*args))
         if plan.padded_slices is not None:
             halves = fresh(
@@ -574,6 +579,7 @@ class DPBench:
             "allowed_abs_err": allowed,
             "equal_to_eager": err <= allowed,
             "finite": bool(torch.isfinite(got).all().item()),
+            "python_exchanges": python_exchanges,
         }
 
     # -- step 5: timing ------------------------------------------------------------------------
@@ -782,7 +788,14 @@ def find_failures(job: Job, ranks: list[dict[str, Any]], recorded: list[dict[str
                     f"{step['max_abs_err_vs_eager']:.4g} > allowed {step['allowed_abs_err']:.4g} "
                     f"(finite: {step['finite']})"
                 )
-            if (step["path"] == "ubatch graph replay") != step["should_ubatch"]:
+            replayed = step["path"] == "ubatch graph replay"
+            if replayed and job.device_type == "cuda" and step["python_exchanges"]:
+                # A CUDA graph replay runs no Python: its all-reduces must be captured in the graph.
+                failures.append(
+                    f"step {name!r} rank {rank}: the ubatch graph replay ran {step['python_exchanges']} "
+                    "exchanges in Python; its collectives were not captured in the graph"
+                )
+            if replayed != step["should_ubatch"]:
                 failures.append(
                     f"step {name!r} rank {rank}: ran as {step['path']} but the ranks agreed "
                     f"should_ubatch={step['should_ubatch']}"
@@ -833,13 +846,14 @@ def print_report(job: Job, ranks: list[dict[str, Any]], recorded: list[dict[str,
             s["split_noise"],
             s["allowed_abs_err"],
             s["equal_to_eager"],
+            s["python_exchanges"],
         )
         for r in ranks
         for s in r["steps"]
     ]
     print_table(
-        "Replay vs non-ubatched eager (real rows; collectives in both)",
-        ("step", "rank", "ran as", "max abs err", "split noise", "allowed", "equal"),
+        "Replay vs non-ubatched eager (real rows; collectives in both; a CUDA graph replay runs no Python)",
+        ("step", "rank", "ran as", "max abs err", "split noise", "allowed", "equal", "exchanges in Python"),
         rows,
     )
     rows = [

@@ -7,6 +7,7 @@ over NCCL with one GPU per rank, where the collectives are captured inside the u
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import sqlite3
@@ -88,6 +89,18 @@ def check_run(payload: dict[str, Any], stdout: str, db: Path, nproc: int, backen
                 (run_id,),
             ).fetchone()
             assert fallbacks == 1, f"rank {rank}: the called-off step was not recorded as one eager batch"
+    # The dashboard lists both ranks' runs (its JSON twin of the runs page, asked in-process).
+    api = subprocess.run(
+        [sys.executable, "-m", "dashboard.cli", "serve", "--db", f"sqlite:///{db}", "--get", "/api/runs"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert api.returncode == 0, api.stderr
+    listed = [r for r in json.loads(api.stdout)["data"]["items"] if r["label"] == "dp-ubatch"]
+    assert sorted((r["rank"], r["world_size"]) for r in listed) == [(r, nproc) for r in range(nproc)]
+    assert all(r["graphs"] > 0 and r["traffic"]["replays"] > 0 for r in listed)
     # The summary table is the last table printed.
     tail = stdout[stdout.rindex("\nSummary:") :]
     rows = [line for line in tail.splitlines() if line.strip() and line.lstrip()[0].isdigit()]
@@ -100,6 +113,11 @@ def test_two_gloo_ranks_agree_replay_equals_eager_and_both_record(tmp_path: Path
         tmp_path, "--nproc", "2", "--backend", "gloo", "--device", "cpu", "--quick"
     )
     check_run(payload, stdout, db, nproc=2, backend="eager")
+    # The eager backend's "replay" runs the step's Python, collectives included.
+    replays = [
+        s for r in payload["results"]["ranks"] for s in r["steps"] if s["path"] == "ubatch graph replay"
+    ]
+    assert replays and all(s["python_exchanges"] > 0 for s in replays)
     assert any("meaningless" in note for note in payload["notes"])
     assert payload["config"]["capture_sizes"] == [8, 16]
 
@@ -111,6 +129,10 @@ def test_two_nccl_ranks_capture_collectives_in_ubatch_graphs(tmp_path: Path) -> 
         pytest.skip("needs two GPUs (one NCCL rank each)")
     payload, stdout, db = run_script(tmp_path, "--nproc", "2", "--backend", "nccl", "--device", "cuda")
     check_run(payload, stdout, db, nproc=2, backend="cuda")
+    replays = [
+        s for r in payload["results"]["ranks"] for s in r["steps"] if s["path"] == "ubatch graph replay"
+    ]
+    assert replays and all(s["python_exchanges"] == 0 for s in replays)
     for rank in payload["results"]["ranks"]:
         assert {g["num_tokens"] for g in rank["graphs"] if g["wrapper"] == "dp-ubatched"} == {128, 256}
         for timing in rank["timing"]:
@@ -179,6 +201,7 @@ def _rank(rank: int, **step_changes: Any) -> dict[str, Any]:
         "finite": True,
         "max_abs_err_vs_eager": 0.0,
         "allowed_abs_err": 1e-4,
+        "python_exchanges": 0,
     }
     step.update(step_changes)
     return {"rank": rank, "steps": [step] * len(STEPS)}
@@ -214,3 +237,13 @@ def test_the_parent_flags_a_step_run_other_than_agreed_and_a_rank_missing_from_t
     failures = find_failures(_job(tmp_path, 0), [wrong_path, _rank(1)], _recorded(0))
     assert any("rank 0: ran as eager (micro-batching called off)" in f for f in failures)
     assert "the database holds runs for ranks [0], expected [0, 1]" in failures
+
+
+def test_on_cuda_a_replay_that_ran_its_exchanges_in_python_is_a_failure(tmp_path: Path) -> None:
+    on_cuda = dataclasses.replace(_job(tmp_path, 0), backend="nccl", device_type="cuda")
+    ranks = [_rank(0, python_exchanges=4), _rank(1)]
+    failures = find_failures(on_cuda, ranks, _recorded(0, 1))
+    assert len(failures) == len(STEPS)
+    assert all("rank 0: the ubatch graph replay ran 4 exchanges in Python" in f for f in failures)
+    # The eager backend "replays" by running the step, so on a CPU the count says nothing.
+    assert find_failures(_job(tmp_path, 0), ranks, _recorded(0, 1)) == []
