@@ -137,6 +137,7 @@ def test_two_nccl_ranks_capture_collectives_in_ubatch_graphs(tmp_path: Path) -> 
         assert {g["num_tokens"] for g in rank["graphs"] if g["wrapper"] == "dp-ubatched"} == {128, 256}
         for timing in rank["timing"]:
             assert timing["comm_hidden_fraction"] is not None
+            assert timing["comm_hidden_fraction_halves"] is not None
 
 
 def _job(tmp_path: Path, port: int) -> Job:
