@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import socket
 import sqlite3
 import subprocess
@@ -168,8 +169,9 @@ def test_a_failing_rank_is_named_with_its_stage_and_the_other_is_stopped(tmp_pat
             launch(_job(tmp_path, taken.getsockname()[1]), timeout_s=120)
     message = str(info.value)
     assert "rank 0 FAILED at stage 'init process group'" in message
-    assert "address already in use" in message
-    assert "rank 1 was stopped at stage 'init process group'" in message
+    assert "address already in use" in message.lower() or "EADDRINUSE" in message
+    # Rank 1 is stopped wherever it was (on a busy host it may still be importing torch).
+    assert re.search(r"rank 1 was stopped (at stage 'init process group'|never started)", message), message
     assert time.monotonic() - started < 25, "the waiting rank was not stopped when rank 0 failed"
 
 
