@@ -991,7 +991,7 @@ def main() -> int:
             f"{torch.cuda.device_count()} GPU(s)"
         )
     try:
-        payloads = tuple(float(p) for p in args.payload_mib.split(",") if p.strip())
+        payloads = tuple(dict.fromkeys(float(p) for p in args.payload_mib.split(",") if p.strip()))
     except ValueError:
         raise SystemExit(
             f"error: --payload-mib takes comma-separated numbers, got {args.payload_mib!r}"
