@@ -29,6 +29,7 @@ from capture_core.sizes import SizeTable
 
 DEFAULT_TRACE_PATH = Path(__file__).resolve().parent / "data" / "azure_conv_2023.csv"
 TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MIN_PERIOD_S = 1.0
 
 
 class TraceError(ValueError):
@@ -64,11 +65,12 @@ class Trace:
         """The length of one pass, for replaying the trace in a loop.
 
         The last arrival plus one mean inter-arrival gap, so the wrap from the last request back to
-        the first is spaced like the rest of the trace.
+        the first is spaced like the rest of the trace; at least ``MIN_PERIOD_S``, so that a trace
+        squeezed into an instant is not replayed infinitely often within one step.
         """
         last = self.requests[-1].arrival_s
-        gap = last / (len(self.requests) - 1) if len(self.requests) > 1 else 1.0
-        return last + (gap if gap > 0 else 1.0)
+        gap = last / (len(self.requests) - 1) if len(self.requests) > 1 else 0.0
+        return max(last + gap, MIN_PERIOD_S)
 
 
 def _parse_timestamp(text: str) -> float:

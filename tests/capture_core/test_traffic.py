@@ -140,6 +140,14 @@ def test_replay_loops_past_the_end_of_the_trace() -> None:
     assert len(ids) > 2
 
 
+def test_a_trace_squeezed_into_an_instant_loops_once_a_second_not_endlessly() -> None:
+    burst = Trace(tuple(TraceRequest(i * 1e-300, 4, 2) for i in range(3)), "burst")
+    assert burst.period_s == 1.0
+    steps = ContinuousBatchScheduler(burst, TrafficConfig(step_seconds=0.25)).take(20)
+    assert max(s.num_waiting + s.num_tokens for s in steps) <= 6
+    assert len({rid for s in steps for rid in s.decode_request_ids}) > 3
+
+
 def test_stats_helpers() -> None:
     stats = batch_size_stats([1, 1, 2, 4, 4, 4, 8, 100])
     assert (stats.min, stats.max, stats.p50, stats.distinct) == (1, 100, 4, 5)
