@@ -107,6 +107,7 @@ def test_debug_checks_raise_on_the_injected_drift_and_the_demo_still_finishes(tm
         (["--steps", "0"], "--steps"),
         (["--steps", "many"], "--steps"),
         (["--speedup", "-1"], "--speedup"),
+        (["--speedup", "1e9"], "--speedup"),
         (["--max-batch", "0"], "--max-batch"),
         (["--port", "70000"], "--port"),
     ],

@@ -36,6 +36,7 @@ STEP_SECONDS = 0.02
 """Engine seconds per decode step, a typical decode step of a mid-sized model on one GPU."""
 TINY_MAX_SEQ_LEN = 128
 MAX_STEPS = 1_000_000
+MAX_SPEEDUP = 1000.0
 MAX_BATCH_LIMIT = 4096
 MAX_LISTED_VIOLATIONS = 100
 
@@ -53,13 +54,14 @@ def _positive_int(limit: int) -> Any:
     return parse
 
 
-def _positive_float(text: str) -> float:
+def _speedup(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    if not (math.isfinite(value) and 0 < value <= MAX_SPEEDUP):
+        # Far beyond saturation every step only lengthens the queue, by ~0.1 x speedup requests.
+        raise argparse.ArgumentTypeError(f"must be a number above 0 and at most {MAX_SPEEDUP:g}, got {text}")
     return value
 
 
@@ -109,7 +111,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-batch", type=_positive_int(MAX_BATCH_LIMIT), default=DEFAULT_MAX_BATCH,
                         metavar="N", help=f"largest capture size and most requests running at once "
                                           f"(default {DEFAULT_MAX_BATCH})")
-    parser.add_argument("--speedup", type=_positive_float, default=DEFAULT_SPEEDUP, metavar="X",
+    parser.add_argument("--speedup", type=_speedup, default=DEFAULT_SPEEDUP, metavar="X",
                         help=f"replay the trace X times faster than recorded: larger X, larger batches "
                              f"(default {DEFAULT_SPEEDUP:g})")
     parser.add_argument("--host", default=DEFAULT_HOST,
