@@ -128,6 +128,29 @@ def test_unwritable_database_exits_2_with_a_clear_message(tmp_path: Path) -> Non
     assert "demo.db" in result.stderr
 
 
+def test_a_malformed_trace_exits_2_naming_the_file_and_line(tmp_path: Path) -> None:
+    trace = tmp_path / "mine.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.5,12,many\n")
+    db = tmp_path / "t.db"
+    result = run_demo("--no-serve", "--trace", str(trace), "--db", f"sqlite:///{db}", timeout=120)
+    assert result.returncode == 2, explain(result)
+    assert f"--trace: {trace}: line 2: GeneratedTokens must be an integer" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_your_own_trace_drives_the_demo(tmp_path: Path) -> None:
+    trace = tmp_path / "mine.csv"
+    lines = [f"2024-01-01 00:00:{i // 10:02d}.{i % 10}000000,100,{5 + i % 7}" for i in range(200)]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(lines) + "\n")
+    db = tmp_path / "own.db"
+    result = run_demo("--no-serve", "--no-faults", "--trace", str(trace), "--steps", "30",
+                      "--max-batch", "16", "--speedup", "1", "--db", f"sqlite:///{db}")
+    assert result.returncode == 0, explain(result)
+    assert "200 real requests (mine.csv)" in result.stdout
+    assert rows(db, "SELECT SUM(replays) FROM replay_windows")[0][0] == 30
+
+
 def test_a_busy_port_is_refused_before_any_work(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

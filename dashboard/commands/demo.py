@@ -114,6 +114,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--speedup", type=_speedup, default=DEFAULT_SPEEDUP, metavar="X",
                         help=f"replay the trace X times faster than recorded: larger X, larger batches "
                              f"(default {DEFAULT_SPEEDUP:g})")
+    parser.add_argument("--trace", metavar="CSV",
+                        help="your own traffic: a CSV of TIMESTAMP,ContextTokens,GeneratedTokens per request "
+                             "(default: the packaged Azure conversation trace)")
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help=f"address to serve the dashboard on (default {DEFAULT_HOST}; anything but "
                              "loopback needs a token)")
@@ -158,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         from inspector.recorder import Recorder
 
         backend = _choose_backend(args.backend)
-        trace = _load_trace()
+        trace = _load_trace(args.trace)
         runner, model_name = _build_runner(args, backend)
         config = _run_config(args, backend, model_name, runner, trace.source)
         recorder = Recorder(url, label="demo", config=config)
@@ -220,14 +223,15 @@ def _choose_backend(choice: str) -> str:
     return choice
 
 
-def _load_trace() -> Any:
+def _load_trace(path: str | None) -> Any:
     from capture_core.traffic import TraceError, load_trace
     from inspector.errors import UsageError
 
     try:
-        return load_trace()
+        return load_trace(path)
     except TraceError as error:
-        raise UsageError(f"the packaged traffic trace is unusable (reinstall the package): {error}") from None
+        what = "--trace" if path is not None else "the packaged traffic trace is unusable (reinstall the package)"
+        raise UsageError(f"{what}: {error}") from None
 
 
 def _build_runner(args: argparse.Namespace, backend: str) -> tuple[DecodeRunner, str]:
@@ -302,8 +306,9 @@ def _announce(
     print(f"  model: reference decoder '{model_name}' ({runner.model.param_count():,} parameters, "
           f"{str(config.dtype).removeprefix('torch.')}), {len(runner.capture_sizes)} capture sizes "
           f"({args.capture_sizes}: {_size_list(runner.capture_sizes)})")
-    print(f"  traffic: {len(trace):,} real requests (Azure LLM conversation trace, 2023) through continuous "
-          f"batching, up to {args.max_batch} running, {args.speedup:g}x speed, seed {args.seed}")
+    source = "Azure LLM conversation trace, 2023" if args.trace is None else os.path.basename(trace.source)
+    print(f"  traffic: {len(trace):,} real requests ({source}) through continuous batching, up to "
+          f"{args.max_batch} running, {args.speedup:g}x speed, seed {args.seed}")
 
 
 def _size_list(sizes: tuple[int, ...]) -> str:
