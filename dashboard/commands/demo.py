@@ -230,7 +230,7 @@ def _load_trace(path: str | None) -> Any:
     try:
         return load_trace(path)
     except TraceError as error:
-        what = "--trace" if path is not None else "the packaged traffic trace is unusable (reinstall the package)"
+        what = "--trace" if path is not None else "the packaged trace is unusable (reinstall the package)"
         raise UsageError(f"{what}: {error}") from None
 
 
