@@ -146,22 +146,34 @@ def time_interleaved(
     timer: CallTimer,
     *,
     rounds: int,
-    iters: int,
+    iters: int | Mapping[str, int],
     warmup: int = 2,
+    block_warmup: int = 0,
+    rotate: bool = True,
 ) -> dict[str, list[float]]:
-    """Time several variants side by side: ``rounds`` rounds, each running every variant ``iters``.
+    """Time several variants side by side: ``rounds`` rounds, each running every variant in a block.
 
-    Every variant is warmed up first. Interleaving means a slow stretch of the machine (clocks,
-    another process) lands on all variants, so ratios between them stay honest.
+    ``iters`` is the block length, for all variants or per variant (slow peers need fewer samples
+    than the figures a target is judged by). Every variant is warmed up ``warmup`` times first, and
+    ``block_warmup`` untimed calls open each block, so no block pays for the switch from the one
+    before. With ``rotate`` each round starts one variant later, so no variant always follows the
+    same other one. Interleaving means a slow stretch of the machine (clocks, another process,
+    a background flush) lands on all variants alike, so ratios between them stay honest.
     """
+    names = list(variants)
+    lengths = {name: iters if isinstance(iters, int) else iters[name] for name in names}
     for fn in variants.values():
         for _ in range(warmup):
             fn()
     synchronize(timer.device)
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            samples[name].extend(timer.time_calls(fn, iters))
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        shift = index % len(names) if rotate else 0
+        for name in names[shift:] + names[:shift]:
+            fn = variants[name]
+            for _ in range(block_warmup):
+                fn()
+            samples[name].extend(timer.time_calls(fn, lengths[name]))
     return samples
 
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
+import statistics
 import sys
 import time
 import traceback
@@ -96,6 +98,7 @@ class GraphTreeWatch:
     skips_at_start: int = 0
     skips_at_end: int | None = None
     reasons: list[str] = field(default_factory=list)
+    reason_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def skips(self) -> int:
@@ -103,7 +106,12 @@ class GraphTreeWatch:
         return (_inductor_skips() if self.skips_at_end is None else self.skips_at_end) - self.skips_at_start
 
     def as_dict(self) -> dict[str, Any]:
-        return {"graphs_captured": self.captures, "cudagraph_skips": self.skips, "skip_reasons": self.reasons}
+        return {
+            "graphs_captured": self.captures,
+            "cudagraph_skips": self.skips,
+            "skip_reasons": self.reasons,
+            "skip_reason_counts": self.reason_counts,
+        }
 
 
 def _inductor_skips() -> int:
@@ -113,14 +121,36 @@ def _inductor_skips() -> int:
 
 
 class _ReasonHandler(logging.Handler):
-    def __init__(self, reasons: list[str]) -> None:
+    """Collects each distinct skip reason once, with how often it was logged."""
+
+    def __init__(self, reasons: list[str], counts: dict[str, int]) -> None:
         super().__init__(logging.WARNING)
         self.reasons = reasons
+        self.counts = counts
 
     def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage().strip()
-        if message not in self.reasons and len(self.reasons) < 20:
-            self.reasons.append(message[:300])
+        reason = compact_reason(record.getMessage())
+        if reason not in self.counts and len(self.reasons) < 20:
+            self.reasons.append(reason)
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+
+
+def compact_reason(message: str) -> str:
+    """``skipping cudagraphs due to X (at model.py:501)``: the reason and where, without the stack.
+
+    Inductor appends the stack of the offending operation ("Found from : File ..."); its deepest
+    frame says where, the rest repeats for every layer and would drown the report.
+    """
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    head = lines[0].split(". Found from", 1)[0].removesuffix("Found from :").strip()
+    frames = [line for line in lines[1:] if line.startswith("File ")]
+    if frames:
+        match = re.match(r'File "([^"]+)", line (\d+)', frames[-1])
+        if match:
+            head += f" (at {os.path.basename(match.group(1))}:{match.group(2)})"
+    return head[:300]
 
 
 @contextmanager
@@ -146,7 +176,7 @@ def watch_graph_trees() -> Iterator[GraphTreeWatch]:
         return original(graph, *args, **kwargs)
 
     logger = logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs")
-    handler = _ReasonHandler(watch.reasons)
+    handler = _ReasonHandler(watch.reasons, watch.reason_counts)
     logger.addHandler(handler)
     torch.cuda.CUDAGraph.capture_begin = counting_capture_begin  # type: ignore[method-assign]
     try:
@@ -265,9 +295,9 @@ def measure_model(
                             f"the largest logit (tolerance {AGREEMENT_TOLERANCE}): its timing is not of the "
                             "same computation"
                         )
-                rounds, iters = _repetitions(variants, timer, budget, models_left, len(sizes) - index, args)
-                samples = time_interleaved(variants, timer, rounds=rounds, iters=iters)
-                entry = _size_result(batch, samples, rounds, iters)
+                rounds, lengths = _repetitions(variants, timer, budget, models_left, len(sizes) - index, args)
+                samples = time_interleaved(variants, timer, rounds=rounds, iters=lengths, block_warmup=1)
+                entry = _size_result(batch, samples, rounds, lengths)
                 entry["max_rel_err_vs_eager"] = errors
                 entry["check_host_us"] = check_host_us(runner, batch, quick=args.quick)
                 entry["check_host_pct_of_step"] = (
@@ -321,6 +351,10 @@ def _compiled_step(
     return step
 
 
+SLOW_PEERS = (EAGER, COMPILE)
+"""Variants an order of magnitude slower than a graph step: their ratios need fewer samples."""
+
+
 def _repetitions(
     variants: dict[str, Callable[[], Any]],
     timer: CallTimer,
@@ -328,36 +362,50 @@ def _repetitions(
     models_left: int,
     sizes_left: int,
     args: Any,
-) -> tuple[int, int]:
-    """Rounds and steps per round that fit this size's share of the budget (sizes are never cut)."""
+) -> tuple[int, dict[str, int]]:
+    """Rounds, and steps per round for each variant, that fit this size's share of the budget.
+
+    The graph variants (the figures targets are judged by) get ``--iters`` steps a round, the slow
+    peers ``--slow-iters``; rounds fill the share. Sizes are never cut.
+    """
+    lengths = {name: args.slow_iters if name in SLOW_PEERS else args.iters for name in variants}
     if args.quick:
-        return 2, 3
-    probe = sum(Stats.of(timer.time_calls(fn, 3)).median for fn in variants.values()) / 1e3
+        return 2, {name: 3 for name in variants}
+    # One round: every block's timed steps plus its untimed opening step.
+    per_round = (
+        sum(Stats.of(timer.time_calls(fn, 3)).median * (lengths[name] + 1) for name, fn in variants.items())
+        / 1e3
+    )
     share = budget.left / max(1, (models_left - 1) * args.sizes_per_model_estimate + sizes_left)
-    iters = args.iters
-    rounds = Budget.reps_for(share, probe * iters, floor=2, ceiling=args.rounds)
-    return rounds, iters
+    rounds = Budget.reps_for(share, per_round, floor=min(3, args.rounds), ceiling=args.rounds)
+    return rounds, lengths
 
 
-def _size_result(batch: int, samples: dict[str, list[float]], rounds: int, iters: int) -> dict[str, Any]:
+def _size_result(
+    batch: int, samples: dict[str, list[float]], rounds: int, lengths: dict[str, int]
+) -> dict[str, Any]:
     baseline = BARE if BARE in samples else EAGER
     stats = {name: Stats.of(values) for name, values in samples.items()}
     base = stats[baseline].median
     entry: dict[str, Any] = {
         "batch": batch,
         "rounds": rounds,
-        "steps_per_round": iters,
+        "steps_per_round": lengths,
         "baseline": baseline,
         "variants": {name: s.as_dict("ms") for name, s in stats.items()},
         "ratio_to_baseline": {name: s.median / base for name, s in stats.items()},
     }
-    # Per-round medians: how much the runner/bare ratio moves from round to round (the noise).
+    # Per-round medians: how much the runner/baseline ratio moves from round to round (the noise).
     per_round = {
-        name: [Stats.of(values[r * iters : (r + 1) * iters]).median for r in range(rounds)]
+        name: [Stats.of(values[r * lengths[name] : (r + 1) * lengths[name]]).median for r in range(rounds)]
         for name, values in samples.items()
     }
     ratios = [run / bas for run, bas in zip(per_round[RUNNER], per_round[baseline], strict=True)]
-    entry["runner_ratio_per_round"] = {"min": min(ratios), "max": max(ratios)}
+    entry["runner_ratio_per_round"] = {
+        "min": min(ratios),
+        "median": statistics.median(ratios),
+        "max": max(ratios),
+    }
     off, on = stats[RUNNER].median, stats[CHECK].median
     entry["check_step_delta_pct"] = (on - off) / off * 100
     return entry
@@ -386,7 +434,7 @@ def host_issue_us(
     This is the "why" behind a runner/bare ratio: a graph step's device time is the same for both,
     so what the runner adds to a synchronized step is the host time it spends issuing it.
     """
-    calls, repeats = (3, 2) if quick else (5, 3)
+    calls, repeats = (3, 2) if quick else (5, 8)
     return {
         name: Stats.of(host_us_per_call(variants[name], calls=calls, repeats=repeats, device=device)).median
         for name in (BARE, RUNNER, CHECK)
@@ -559,7 +607,7 @@ def _print_tables(results: list[dict[str, Any]]) -> None:
                 f"{c['cudagraph_skips']} cudagraph skips, first calls {c['first_calls_s']:.1f} s"
             )
             for reason in c["skip_reasons"]:
-                print(f"  skip reason: {reason}")
+                print(f"  skip reason (logged {c['skip_reason_counts'].get(reason, 1)}x): {reason}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -576,8 +624,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-batch", type=int, default=256, help="largest batch size (powers of two up to it)"
     )
-    parser.add_argument("--rounds", type=int, default=10, help="most interleaved rounds per batch size")
-    parser.add_argument("--iters", type=int, default=10, help="steps per variant per round")
+    parser.add_argument("--rounds", type=int, default=30, help="most interleaved rounds per batch size")
+    parser.add_argument(
+        "--iters", type=int, default=10, help="steps per round of each graph variant (bare and the runners)"
+    )
+    parser.add_argument(
+        "--slow-iters", type=int, default=3, help="steps per round of the slow peers (eager, torch.compile)"
+    )
     parser.add_argument(
         "--compile-models",
         nargs="*",

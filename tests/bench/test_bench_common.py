@@ -45,11 +45,27 @@ def test_time_interleaved_runs_every_variant_in_rounds() -> None:
     order: list[str] = []
     variants = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
     samples = common.time_interleaved(
-        variants, common.CallTimer(torch.device("cpu")), rounds=2, iters=3, warmup=1
+        variants, common.CallTimer(torch.device("cpu")), rounds=2, iters=3, warmup=1, rotate=False
     )
     assert {k: len(v) for k, v in samples.items()} == {"a": 6, "b": 6}
     # Warm-ups first, then rounds that alternate the variants: a a a b b b a a a b b b.
     assert order == ["a", "b"] + ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3
+
+
+def test_time_interleaved_rotates_rounds_warms_blocks_and_takes_lengths_per_variant() -> None:
+    order: list[str] = []
+    variants = {name: (lambda n=name: order.append(n)) for name in ("a", "b", "c")}
+    samples = common.time_interleaved(
+        variants,
+        common.CallTimer(torch.device("cpu")),
+        rounds=3,
+        iters={"a": 2, "b": 1, "c": 1},
+        warmup=0,
+        block_warmup=1,
+    )
+    assert {k: len(v) for k, v in samples.items()} == {"a": 6, "b": 3, "c": 3}
+    # Each block: one untimed call, then its timed calls; each round starts one variant later.
+    assert "".join(order) == "aaabbcc" + "bbccaaa" + "ccaaabb"
 
 
 def test_host_us_per_call_reflects_the_cost_of_a_call() -> None:
@@ -172,3 +188,20 @@ def test_summary_says_by_how_much_a_target_was_missed() -> None:
     assert "runner / bare: 1.05x (**MISSED** (limit 1.02x, over by 0.03))" in text
     assert "check %: 0.4% (met, < 2%)" in text
     assert "cpu stand-in: 3 (n/a)" in text
+
+
+def test_compact_reason_keeps_the_reason_and_its_deepest_frame() -> None:
+    from bench.gpu_decode import compact_reason
+
+    # As inductor logged it on the H200 for the reference decoder (stack shortened).
+    message = (
+        "skipping cudagraphs due to mutated inputs (1 instances). Found from : \n"
+        '   File "/work/main/capture_core/model.py", line 554, in forward\n'
+        "    hidden = layer(hidden, positions, slot_ids, kv_cache, attn_metadata)\n"
+        '  File "/work/main/capture_core/model.py", line 501, in forward\n'
+        "    self.attn(q, k, v, posi"
+    )
+    assert (
+        compact_reason(message) == "skipping cudagraphs due to mutated inputs (1 instances) (at model.py:501)"
+    )
+    assert compact_reason("skipping cudagraphs due to cpu device") == "skipping cudagraphs due to cpu device"
