@@ -101,9 +101,24 @@ def core_capture(
         pools = {tuple(e.graph.pool) for e in runner.graphs.values()}
         result["pool_bytes_total"] = sum(pool_reserved_bytes(p) for p in pools)
         result["pools"] = len(pools)
+        result["snapshot_s"] = snapshot_seconds(next(iter(pools)))
     del runner, runtime
     free_cuda_memory()
     return result
+
+
+def snapshot_seconds(pool: tuple[int, int], repeats: int = 5) -> float:
+    """Median seconds of one pool measurement (a walk of ``torch.cuda.memory_snapshot()``).
+
+    The capture core measures each graph's pool before and after its capture, so twice this per
+    graph is what that bookkeeping adds to start-up: the likely "why" of a core/bare time ratio.
+    """
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        pool_reserved_bytes(pool)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def bare_capture(
@@ -157,12 +172,14 @@ def _measure_model(
     # A round captures twice (core and bare); the memory figures after the rounds take four captures.
     rounds = Budget.reps_for(seconds - 4 * warm, 2 * warm, floor=1, ceiling=max_rounds)
     result["rounds"] = rounds
-    core_seconds, bare_seconds = [], []
+    core_seconds, bare_seconds, snapshots = [], [], []
     for index in range(rounds):
         order = ("bare", "core") if index % 2 == 0 else ("core", "bare")
         for side in order:
             if side == "core":
-                core_seconds.append(core_capture(model, sizes, device, recorder)["seconds"])
+                core = core_capture(model, sizes, device, recorder)
+                core_seconds.append(core["seconds"])
+                snapshots.extend([core["snapshot_s"]] if "snapshot_s" in core else [])
             elif on_cuda:
                 bare_seconds.append(bare_capture(model, kv_cache, sizes)["seconds"])
     result["core_capture_s"] = core_seconds
@@ -171,6 +188,10 @@ def _measure_model(
         result["bare_capture_s"] = bare_seconds
         result["bare_capture_s_median"] = statistics.median(bare_seconds)
         result["time_ratio"] = result["core_capture_s_median"] / result["bare_capture_s_median"]
+        result["core_minus_bare_s"] = result["core_capture_s_median"] - result["bare_capture_s_median"]
+        # Two pool measurements per graph: the capture core's bookkeeping the bare loop does not do.
+        result["snapshot_s_median"] = statistics.median(snapshots)
+        result["pool_measurement_s"] = 2 * len(sizes) * result["snapshot_s_median"]
         core_shared = core_capture(model, sizes, device, recorder, shared_pool=True)
         core_separate = core_capture(model, sizes, device, recorder, shared_pool=False)
         bare_shared = bare_capture(model, kv_cache, sizes, shared_pool=True)
@@ -282,8 +303,11 @@ def run(args: Any) -> dict[str, Any]:
     ]
     print_table(
         "Capture of all buckets (median seconds over the rounds)",
-        ("model", "graphs", "rounds", "core s", "bare s", "core/bare"),
-        rows,
+        ("model", "graphs", "rounds", "core s", "bare s", "core/bare", "core-bare s", "2 snapshots/graph s"),
+        [
+            (*row, r.get("core_minus_bare_s"), r.get("pool_measurement_s"))
+            for row, r in zip(rows, results, strict=True)
+        ],
     )
     memory_rows = []
     for r in results:

@@ -99,6 +99,7 @@ def test_capture_quick_reports_times_and_pool_memory_where_it_can(quick_results)
         assert memory["shared_pool_bytes"] > 0
         assert memory["pool_per_graph_bytes"] >= memory["largest_graph_alone_bytes"] > 0
         assert result["time_ratio"] > 0
+        assert result["pool_measurement_s"] == 2 * 3 * result["snapshot_s_median"] > 0
     else:
         assert "memory" not in result
         assert any("pool-memory" in n for n in payload["notes"])
