@@ -1,12 +1,15 @@
 """`graph-inspector demo`: the main job. Real traffic through the graph cache, recorded, then served.
 
-It runs the reference decoder through the decode runner on real LLM-serving traffic (the Azure
-conversation trace replayed through continuous batching, so the batch size moves from step to step
-as in production), captures one graph per capture size with a progress bar, records everything
-into the inspector's database, plants one address drift and one unexpected capture (labelled as
-injected, so nobody mistakes them for real findings), prints what happened and serves the
-dashboard over it. On a host without CUDA it says so and runs the eager backend, which keeps every
-capture, check and event identical.
+It runs the reference decoder on real LLM-serving traffic (the Azure conversation trace replayed
+through continuous batching with chunked prefill, from an engine that is already busy, so the token
+count moves on nearly every step as in production) through the mixed-batch runner under a chosen
+CUDA-graph mode: by default FULL graphs for pure-decode steps, PIECEWISE graphs for steps that
+carry prompt chunks, eager (with the reason) above the largest capture size. It captures the graphs
+with a progress bar, records everything into the inspector's database, plants one address drift
+and one unexpected capture (labelled as injected, so nobody mistakes them for real findings),
+prints what happened and serves the dashboard over it. ``--mode full_decode_only`` keeps the
+original decode-only demo (decode steps only, from a cold start, FULL graphs). On a host without
+CUDA it says so and runs the eager backend, which keeps every capture, check and event identical.
 """
 
 from __future__ import annotations
@@ -24,14 +27,40 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from capture_core.mixed_runner import MixedBatchRunner
+    from capture_core.model import FlatBatch
     from capture_core.runner import DecodeRunner
-    from capture_core.traffic import Step
+    from capture_core.traffic import Step, Trace
+
+    Runner = DecodeRunner | MixedBatchRunner
 
 DEFAULT_STEPS = 300
 DEFAULT_MAX_BATCH = 256
+MODES = ("full_and_piecewise", "full_decode_only", "piecewise", "full", "none")
+DEFAULT_MODE = "full_and_piecewise"
+DECODE_ONLY_MODE = "full_decode_only"
 DEFAULT_SPEEDUP = 10.0
-"""Trace time runs 10x faster than recorded: from a cold start the batch climbs through most
-capture sizes within 300 steps (towards ~230 requests at steady state, with max-batch 256)."""
+"""Decode-only (``--mode full_decode_only``): trace time runs 10x faster than recorded, so from a
+cold start the batch climbs through most capture sizes within 300 steps (towards ~230 requests at
+steady state, with max-batch 256)."""
+MIXED_SPEEDUP = 6.0
+"""Mixed modes: 6x keeps ~150 requests decoding with room for prompt chunks, so about half the steps
+decode only (FULL), a third carry prompt chunks under the largest capture size (PIECEWISE) and a
+few bursts go above it (eager). At 10x the decodes alone fill most of the 256 tokens and most mixed
+steps run eagerly; measured on the packaged trace with seeds 0 and 1."""
+WARMUP_STEPS = 1000
+"""Engine steps simulated (not run) before the first recorded one: long enough for the running set
+to reach its steady state, so the first recorded step already looks like production."""
+PROMPT_SCALE = 16
+"""Mixed modes feed prompts 16x shorter than the trace's (mean ~1,150 tokens becomes ~72). At full
+length prompt chunks fill every step's token budget, so each step would hold exactly the budget and
+the token count would never move; the reference model's context rows are short as well."""
+TOKEN_BUDGET_SHARE = 4
+"""A step's token budget (``max_num_batched_tokens``) is max-batch plus a quarter: room for prompt
+chunks next to a full decode batch, and bursts above the largest capture size that run eagerly."""
+TINY_MAX_BATCH_MIXED = 1024
+"""The tiny model's context rows grow with the token budget (a whole chunk must fit in one row);
+beyond this the KV cache would take gigabytes of host memory."""
 STEP_SECONDS = 0.02
 """Engine seconds per decode step, a typical decode step of a mid-sized model on one GPU."""
 TINY_MAX_SEQ_LEN = 128
@@ -106,14 +135,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", choices=("auto", "tiny", "small", "large"), default="auto",
                         help="reference decoder size: tiny (CPU), small (~60M), large (~1.3B); auto picks "
                              "tiny on the eager backend and small on CUDA (default auto)")
+    parser.add_argument("--mode", choices=MODES, default=DEFAULT_MODE,
+                        help="CUDA-graph mode: full_and_piecewise (FULL graphs for pure-decode steps, "
+                             "PIECEWISE for steps with prompt chunks), full_decode_only (the decode-only "
+                             "demo: decode steps only, from a cold start), piecewise, full, or none (all "
+                             f"eager) (default {DEFAULT_MODE})")
     parser.add_argument("--capture-sizes", choices=("pow2", "vllm"), default="pow2",
                         help="capture-size policy: powers of two, or vLLM's default list (default pow2)")
     parser.add_argument("--max-batch", type=_positive_int(MAX_BATCH_LIMIT), default=DEFAULT_MAX_BATCH,
                         metavar="N", help=f"largest capture size and most requests running at once "
                                           f"(default {DEFAULT_MAX_BATCH})")
-    parser.add_argument("--speedup", type=_speedup, default=DEFAULT_SPEEDUP, metavar="X",
+    parser.add_argument("--speedup", type=_speedup, default=None, metavar="X",
                         help=f"replay the trace X times faster than recorded: larger X, larger batches "
-                             f"(default {DEFAULT_SPEEDUP:g})")
+                             f"(default {MIXED_SPEEDUP:g}; {DEFAULT_SPEEDUP:g} with --mode "
+                             f"{DECODE_ONLY_MODE})")
     parser.add_argument("--trace", metavar="CSV",
                         help="your own traffic: a CSV of TIMESTAMP,ContextTokens,GeneratedTokens per request "
                              "(default: the packaged Azure conversation trace)")
@@ -137,6 +172,8 @@ class DemoResult:
     drift_step: int | None
     unexpected_step: int | None
     drift_raised: bool = False
+    drift_skipped: str | None = None
+    """Why no drift could be planted (mode none has no graph to drift)."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.no_serve:
         _check_can_listen(args.host, args.port)  # fail now, not after the whole run
+    if args.speedup is None:
+        args.speedup = DEFAULT_SPEEDUP if args.mode == DECODE_ONLY_MODE else MIXED_SPEEDUP
 
     from inspector.store import open_store, resolve_url
 
@@ -162,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
 
         backend = _choose_backend(args.backend)
         trace = _load_trace(args.trace)
+        if args.mode != DECODE_ONLY_MODE:
+            trace = _shorter_prompts(trace)
         runner, model_name = _build_runner(args, backend)
         config = _run_config(args, backend, model_name, runner, trace.source)
         recorder = Recorder(url, label="demo", config=config)
@@ -170,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
         recorder.start()
         try:
             runner.capture()
-            result = _decode(runner, trace, args)
+            serve_steps = _decode if _decode_only(runner) else _serve_mixed
+            result = serve_steps(runner, trace, args)
         finally:
             recorder.close()
         _print_summary(store, recorder, runner, result, url)
@@ -234,24 +276,63 @@ def _load_trace(path: str | None) -> Any:
         raise UsageError(f"{what}: {error}") from None
 
 
-def _build_runner(args: argparse.Namespace, backend: str) -> tuple[DecodeRunner, str]:
+def _shorter_prompts(trace: Trace) -> Trace:
+    """The same arrivals and answers with prompts ``PROMPT_SCALE`` times shorter (at least 1 token)."""
+    from dataclasses import replace
+
+    from capture_core.traffic import Trace
+
+    requests = tuple(replace(r, context_tokens=max(1, round(r.context_tokens / PROMPT_SCALE)))
+                     for r in trace.requests)
+    return Trace(requests, trace.source)
+
+
+def _token_budget(max_batch: int) -> int:
+    """Tokens one mixed step may hold: max-batch plus a quarter (see ``TOKEN_BUDGET_SHARE``)."""
+    return max_batch + max_batch // TOKEN_BUDGET_SHARE
+
+
+def _decode_only(runner: Runner) -> bool:
+    from capture_core.runner import DecodeRunner
+
+    return isinstance(runner, DecodeRunner)
+
+
+def _capture_sizes(runner: Runner) -> tuple[int, ...]:
+    return runner.dispatcher.sizes.sizes
+
+
+def _build_runner(args: argparse.Namespace, backend: str) -> tuple[Runner, str]:
     import torch
 
+    from capture_core.mixed_runner import MixedBatchRunner
     from capture_core.model import ModelConfig, ReferenceDecoder
     from capture_core.modes import CUDAGraphMode
     from capture_core.runner import DecodeRunner
     from capture_core.runtime import GraphRuntime, UnexpectedCapturePolicy
     from capture_core.sizes import capture_sizes
+    from inspector.errors import UsageError
 
     model_name = args.model if args.model != "auto" else ("small" if backend == "cuda" else "tiny")
     device = "cuda" if backend == "cuda" else "cpu"
     dtype = torch.bfloat16 if backend == "cuda" else torch.float32
     overrides: dict[str, Any] = {"max_num_seqs": args.max_batch, "device": device, "dtype": dtype}
+    decode_only = args.mode == DECODE_ONLY_MODE
     if model_name == "tiny":
-        # The decode graphs attend over each slot's whole KV row: a shorter row keeps 300 steps of
-        # up to 256 requests well inside a minute on two CPU cores.
-        overrides["max_seq_len"] = TINY_MAX_SEQ_LEN
+        if not decode_only and args.max_batch > TINY_MAX_BATCH_MIXED:
+            raise UsageError(f"--max-batch {args.max_batch} is too large for the tiny model with mixed "
+                             f"steps (at most {TINY_MAX_BATCH_MIXED}); pick a smaller --max-batch or "
+                             f"--mode {DECODE_ONLY_MODE}")
+        # The decode graphs attend over each slot's whole KV row: a short row keeps 300 steps of up
+        # to 256 requests well inside a minute on two CPU cores. With mixed steps a row must hold
+        # the largest prompt chunk, which the token budget bounds.
+        overrides["max_seq_len"] = TINY_MAX_SEQ_LEN if decode_only else max(
+            TINY_MAX_SEQ_LEN, _token_budget(args.max_batch))
     config = getattr(ModelConfig, model_name)(**overrides)
+    if not decode_only and args.max_batch > config.max_seq_len:
+        raise UsageError(f"--max-batch {args.max_batch} is longer than the {model_name} model's context "
+                         f"({config.max_seq_len} tokens), so a prompt chunk could not fit one request's "
+                         f"KV row; pick a smaller --max-batch or --mode {DECODE_ONLY_MODE}")
     if backend == "eager":
         # The tiny model's kernels are too small to split across threads; on a small shared CPU,
         # intra-op threads spin against each other (measured here: 8x slower with two threads).
@@ -262,16 +343,22 @@ def _build_runner(args: argparse.Namespace, backend: str) -> tuple[DecodeRunner,
     # captured anyway (and recorded as such): what a latency spike in production looks like.
     runtime = GraphRuntime(backend, unexpected_capture=UnexpectedCapturePolicy.CAPTURE)
     sizes = capture_sizes(args.capture_sizes, args.max_batch)
-    # FULL_DECODE_ONLY, as vLLM's decode graphs: keyed by uniform-decode descriptors (one token per request).
-    mode = CUDAGraphMode.FULL_DECODE_ONLY
-    runner = DecodeRunner(model, runtime, sizes, mode=mode, max_num_seqs=args.max_batch)
-    return runner, model_name
+    mode = CUDAGraphMode[args.mode.upper()]
+    if decode_only:
+        # As vLLM's decode graphs: keyed by uniform-decode descriptors (one token per request).
+        return DecodeRunner(model, runtime, sizes, mode=mode, max_num_seqs=args.max_batch), model_name
+    return MixedBatchRunner(model, runtime, sizes, mode), model_name
 
 
 def _run_config(
-    args: argparse.Namespace, backend: str, model_name: str, runner: DecodeRunner, trace_source: str
+    args: argparse.Namespace, backend: str, model_name: str, runner: Runner, trace_source: str
 ) -> dict[str, Any]:
     config = runner.model.config
+    traffic: dict[str, Any] = {"trace": os.path.basename(trace_source), "speedup": args.speedup,
+                               "step_seconds": STEP_SECONDS, "faults_injected": not args.no_faults}
+    if not _decode_only(runner):
+        traffic.update(chunked_prefill=True, max_num_batched_tokens=_token_budget(args.max_batch),
+                       warmup_steps=WARMUP_STEPS, prompt_scale=f"1/{PROMPT_SCALE}")
     return {
         "job": "demo",
         "backend": backend,
@@ -280,19 +367,18 @@ def _run_config(
         "dtype": str(config.dtype).removeprefix("torch."),
         "mode": runner.mode.name,
         "capture_policy": args.capture_sizes,
-        "capture_sizes": list(runner.capture_sizes),
+        "capture_sizes": list(_capture_sizes(runner)),
         "max_num_seqs": args.max_batch,
         "address_check": runner.runtime.address_check.value,
         "unexpected_capture": runner.runtime.unexpected_capture.value,
         "steps": args.steps,
         "seed": args.seed,
-        "traffic": {"trace": os.path.basename(trace_source), "speedup": args.speedup,
-                    "step_seconds": STEP_SECONDS, "faults_injected": not args.no_faults},
+        "traffic": traffic,
     }
 
 
 def _announce(
-    backend: str, model_name: str, runner: DecodeRunner, trace: Any, args: argparse.Namespace
+    backend: str, model_name: str, runner: Runner, trace: Any, args: argparse.Namespace
 ) -> None:
     if backend == "cuda":
         import torch
@@ -303,12 +389,17 @@ def _announce(
               "the captured inputs. Captures, address checks and events are the same as on a GPU; "
               "timings are not graph timings.")
     config = runner.model.config
+    sizes = _capture_sizes(runner)
     print(f"  model: reference decoder '{model_name}' ({runner.model.param_count():,} parameters, "
-          f"{str(config.dtype).removeprefix('torch.')}), {len(runner.capture_sizes)} capture sizes "
-          f"({args.capture_sizes}: {_size_list(runner.capture_sizes)})")
+          f"{str(config.dtype).removeprefix('torch.')}), mode {args.mode}, {len(sizes)} capture sizes "
+          f"({args.capture_sizes}: {_size_list(sizes)})")
     source = "Azure LLM conversation trace, 2023" if args.trace is None else os.path.basename(trace.source)
     print(f"  traffic: {len(trace):,} real requests ({source}) through continuous batching, up to "
           f"{args.max_batch} running, {args.speedup:g}x speed, seed {args.seed}")
+    if not _decode_only(runner):
+        print(f"  chunked prefill: prompts 1/{PROMPT_SCALE} of their traced length, up to "
+              f"{_token_budget(args.max_batch)} tokens a step, from an engine already "
+              f"{WARMUP_STEPS} steps busy")
 
 
 def _size_list(sizes: tuple[int, ...]) -> str:
@@ -392,11 +483,181 @@ def _decode(runner: DecodeRunner, trace: Any, args: argparse.Namespace) -> DemoR
     return result
 
 
+class _MixedInputs:
+    """Token ids, positions and KV rows for mixed steps: greedy decoding per KV slot.
+
+    A request joining mid-flight (the engine was busy before the first recorded step) or a new one
+    starts its slot's row afresh. Prompt tokens are stand-ins derived from the request and position;
+    the last prompt chunk's logits give the first generated token, each decode feeds back its own.
+    A request whose context outgrows the model's row starts the row over (it keeps its later
+    tokens' positions in range), as the decode-only demo wraps its positions.
+    """
+
+    def __init__(self, runner: MixedBatchRunner) -> None:
+        config = runner.model.config
+        self.vocab = config.vocab_size
+        self.max_seq_len = config.max_seq_len
+        self.device = runner.device
+        self.owner: dict[int, int] = {}
+        self.length: dict[int, int] = {}
+        self.next_token: dict[int, int] = {}
+
+    def _claim(self, request_id: int, slot: int, num_tokens: int) -> int:
+        """The context already in ``slot`` for ``num_tokens`` new tokens of ``request_id``."""
+        if self.owner.get(slot) != request_id:
+            self.owner[slot] = request_id
+            self.length[slot] = 0
+            self.next_token[slot] = (request_id * 7919 + 1) % self.vocab
+        if self.length[slot] + num_tokens > self.max_seq_len:
+            self.length[slot] = 0
+        context = self.length[slot]
+        self.length[slot] = context + num_tokens
+        return context
+
+    def batch(self, step: Step) -> tuple[FlatBatch, list[int], list[int]]:
+        """The flattened step, and which logits rows sample which slot's next token."""
+        from capture_core.model import flatten_requests
+
+        tokens: list[list[int]] = []
+        contexts: list[int] = []
+        slots: list[int] = []
+        for rid, slot in zip(step.decode_request_ids, step.decode_slots, strict=True):
+            contexts.append(self._claim(rid, slot, 1))
+            tokens.append([self.next_token[slot]])
+            slots.append(slot)
+        for chunk in step.prefill_chunks:
+            contexts.append(self._claim(chunk.request_id, chunk.slot, chunk.num_tokens))
+            first = chunk.start
+            tokens.append([(chunk.request_id * 7919 + (first + i) * 104729) % self.vocab
+                           for i in range(chunk.num_tokens)])
+            slots.append(chunk.slot)
+        rows, sampled = [], []
+        row = 0
+        for r, slot in enumerate(slots):
+            row += len(tokens[r])
+            if r < step.num_decode_tokens or step.prefill_chunks[r - step.num_decode_tokens].final:
+                rows.append(row - 1)
+                sampled.append(slot)
+        return flatten_requests(tokens, contexts, slots, device=self.device), rows, sampled
+
+    def update(self, logits: torch.Tensor, rows: list[int], sampled: list[int]) -> None:
+        if rows:
+            chosen = logits[rows].argmax(dim=-1).tolist()
+            self.next_token.update(zip(sampled, chosen, strict=True))
+
+
+def _serve_mixed(runner: MixedBatchRunner, trace: Trace, args: argparse.Namespace) -> DemoResult:
+    """Continuous batching with chunked prefill, from a busy engine, through the mixed-batch runner."""
+    from tqdm import tqdm
+
+    from capture_core.checks import AddressDriftError
+    from capture_core.traffic import ContinuousBatchScheduler, TrafficConfig
+
+    traffic = TrafficConfig(max_num_seqs=args.max_batch, speedup=args.speedup, step_seconds=STEP_SECONDS,
+                            seed=args.seed, warmup_steps=WARMUP_STEPS, chunked_prefill=True,
+                            max_num_batched_tokens=_token_budget(args.max_batch))
+    scheduler = ContinuousBatchScheduler(trace, traffic)
+    inputs = _MixedInputs(runner)
+    drift_step = None if args.no_faults else args.steps // 3
+    unexpected_step = None if args.no_faults else (2 * args.steps) // 3
+    result = DemoResult(args.steps, 0.0, [], drift_step, None)
+    drift_due = drift_step is not None
+    if drift_due and runner.mode.name == "NONE":
+        drift_due, result.drift_step = False, None
+        result.drift_skipped = "mode none captures no graphs, so there is no graph to drift"
+    started = time.perf_counter()
+    interval = 0.1 if sys.stderr.isatty() else 5.0
+    with tqdm(total=args.steps, desc="Serving", unit="step", file=sys.stderr, dynamic_ncols=True,
+              mininterval=interval) as bar:
+        for step in itertools.islice(scheduler.steps(), args.steps):
+            batch, rows, sampled = inputs.batch(step)
+            # The drift goes into the first step at or after its turn that replays a graph.
+            meta = batch.attn_metadata
+            if drift_due and step.index >= drift_step and runner.route(meta).eager_reason is None:
+                drift_due, result.drift_step = False, step.index
+                try:
+                    logits = _plant_drift(runner, batch)
+                except AddressDriftError:  # GRAPH_INSPECTOR_DEBUG=1 makes drifts raise; recorded all the same
+                    result.drift_raised = True
+                    logits = runner.step(batch.input_ids, batch.positions, batch.slot_ids, meta)
+            else:
+                logits = runner.step(batch.input_ids, batch.positions, batch.slot_ids, meta)
+            inputs.update(logits, rows, sampled)
+            if step.index == unexpected_step:
+                result.unexpected_step = step.index if _plant_unexpected_capture(runner) else None
+            result.batch_sizes.append(step.num_tokens)
+            bar.set_postfix(tokens=step.num_tokens, prefill=step.num_prefill_tokens, refresh=False)
+            bar.update(1)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _graphed(runner: MixedBatchRunner) -> Any:
+    """The outermost graph wrapper: FULL around piecewise, whichever the mode has."""
+    return runner.full if runner.full is not None else runner.piecewise
+
+
+def _plant_drift(runner: MixedBatchRunner, batch: FlatBatch) -> torch.Tensor:
+    """A planted fault: the step builds a fresh ``input_ids`` tensor instead of copying it in.
+
+    The graph still reads its static buffer, which holds the previous step's ids (stale logits, as
+    the classic engine bug). The drift is reported as injected.
+    """
+    import torch
+
+    from capture_core.forward_context import set_forward_context
+    from capture_core.modes import CUDAGraphMode
+
+    meta = batch.attn_metadata
+    routed = runner.route(meta)
+    num_tokens, padded = batch.num_tokens, routed.descriptor.num_tokens
+    views = runner.buffers.load(padded, positions=batch.positions, slot_ids=batch.slot_ids)
+    fresh_ids = torch.zeros(padded, dtype=torch.long, device=runner.device)
+    fresh_ids[:num_tokens].copy_(batch.input_ids)
+    extra = {"attn_metadata": meta} if routed.mode is CUDAGraphMode.PIECEWISE else {}
+    with (
+        runner.runtime.injected_faults(),
+        torch.no_grad(),
+        set_forward_context(routed.mode, routed.descriptor, num_tokens, attn_metadata=meta),
+    ):
+        logits = _graphed(runner)(fresh_ids, views["positions"], views["slot_ids"], runner.kv_cache, **extra)
+    return logits[:num_tokens]
+
+
+def _plant_unexpected_capture(runner: MixedBatchRunner) -> bool:
+    """A planted fault: a pure-decode step asks for a graph of a size start-up never captured.
+
+    Runs on dummy inputs that write only the spare KV slot; the event is marked injected and the
+    runtime's policy decides what follows. False when every size up to the largest is captured or
+    the mode has no graphs.
+    """
+    from dataclasses import replace
+
+    import torch
+
+    from capture_core.forward_context import set_forward_context
+
+    table = runner.dispatcher.sizes
+    size = next((n for n in range(1, table.max_size + 1) if n not in table), None)
+    if size is None or runner.mode.name == "NONE":
+        return False
+    routed = runner.dispatcher.route(size, uniform_decode=True)  # the graph kind a decode of this size uses
+    descriptor = replace(routed.descriptor, num_tokens=size,
+                         num_reqs=None if routed.descriptor.num_reqs is None else size)
+    views = runner.buffers.views(size)
+    for name, value in {"input_ids": 0, "positions": 0, "slot_ids": runner.padding_slot}.items():
+        views[name].fill_(value)
+    context = set_forward_context(routed.mode, descriptor, size)
+    with runner.runtime.injected_faults(), torch.no_grad(), context:
+        _graphed(runner)(views["input_ids"], views["positions"], views["slot_ids"], runner.kv_cache)
+    return True
+
+
 def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
-def _print_summary(store: Any, recorder: Any, runner: DecodeRunner, result: DemoResult, url: str) -> None:
+def _print_summary(store: Any, recorder: Any, runner: Runner, result: DemoResult, url: str) -> None:
     from capture_core.traffic import batch_size_stats
     from inspector.queries import Queries
 
@@ -409,8 +670,9 @@ def _print_summary(store: Any, recorder: Any, runner: DecodeRunner, result: Demo
     unexpected = graphs.get("unexpected", 0)
     pool = graphs.get("pool_bytes", 0)
     memory = f"{pool / 2**20:.1f} MiB graph pool" if pool else "no graph pool (eager backend)"
-    print(f"  graphs captured   {graphs['count']}"
-          + (f" (of which {unexpected} unexpected)" if unexpected else "") + f", {memory}")
+    by_mode = ", ".join(f"{mode}: {n}" for mode, n in sorted(graphs.get("by_mode", {}).items()))
+    print(f"  graphs captured   {graphs['count']}" + (f" ({by_mode})" if by_mode else "")
+          + (f", of which {unexpected} unexpected" if unexpected else "") + f", {memory}")
     print(f"  batch sizes       {stats.min}..{stats.max}, mean {stats.mean:.0f}, changed on "
           f"{100 * stats.changed_share:.0f}% of steps ({stats.distinct} distinct sizes)")
     batches = traffic["replays"] + traffic["eager_batches"]
@@ -427,9 +689,15 @@ def _print_summary(store: Any, recorder: Any, runner: DecodeRunner, result: Demo
     if injected:
         line += f"; {injected} injected on purpose by the demo"
     print(line)
+    planted = []
     if result.drift_step is not None:
-        print(f"  injected faults   an address drift at step {result.drift_step} and an unexpected capture "
-              f"at step {result.unexpected_step}, labelled 'injected' on every page")
+        planted.append(f"an address drift at step {result.drift_step}")
+    if result.unexpected_step is not None:
+        planted.append(f"an unexpected capture at step {result.unexpected_step}")
+    if planted:
+        print(f"  injected faults   {' and '.join(planted)}, labelled 'injected' on every page")
+    if result.drift_skipped:
+        print(f"  (no drift planted: {result.drift_skipped})")
     if result.drift_raised:
         print("  (debug address checks are on: the injected drift raised, as it would in CI)")
     print(f"  database          {url}")
