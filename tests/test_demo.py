@@ -1,4 +1,9 @@
-"""`graph-inspector demo` end to end, as a user runs it: a real subprocess into a real SQLite file."""
+"""`graph-inspector demo` end to end, as a user runs it: a real subprocess into a real SQLite file.
+
+By default the demo serves mixed prefill/decode steps under FULL_AND_PIECEWISE; ``--mode
+full_decode_only`` is the original decode-only demo, pinned here to what it printed before the
+mixed path existed.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+POW2_256 = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
 def run_demo(*args: str, timeout: float = 240, debug: bool = False) -> subprocess.CompletedProcess[str]:
@@ -43,20 +49,39 @@ def faulted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproc
 
 
 @pytest.mark.slow
-def test_demo_records_graphs_replays_and_the_two_injected_faults(faulted_run) -> None:
+def test_demo_records_full_and_piecewise_graphs_replays_and_the_two_injected_faults(faulted_run) -> None:
     db, _ = faulted_run
-    graphs = rows(db, "SELECT num_tokens, unexpected, backend FROM graphs")
-    captured = sorted(n for n, unexpected, _ in graphs if not unexpected)
-    assert captured == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    assert {backend for _, _, backend in graphs} == {"eager"}
-    totals = "SELECT SUM(replays), SUM(real_tokens), SUM(padded_tokens) FROM replay_windows"
-    replays, real, padded = rows(db, totals)[0]
-    assert replays >= 60
+    graphs = rows(db, "SELECT mode, num_tokens, num_reqs, num_segments, unexpected, backend FROM graphs")
+    full = sorted(n for mode, n, reqs, _, unexpected, _ in graphs if mode == "full" and not unexpected)
+    piecewise = sorted(n for mode, n, _, _, unexpected, _ in graphs if mode == "piecewise" and not unexpected)
+    assert full == POW2_256 and piecewise == POW2_256
+    # FULL graphs serve pure-decode steps (one token per request); piecewise graphs any request count.
+    assert all(reqs == n and segments == 1 for mode, n, reqs, segments, _, _ in graphs if mode == "full")
+    assert all(reqs is None and segments > 1
+               for mode, _, reqs, segments, _, _ in graphs if mode == "piecewise")
+    assert {backend for *_, backend in graphs} == {"eager"}
+    replays = dict(rows(db, "SELECT mode, SUM(replays) FROM replay_windows GROUP BY mode"))
+    assert replays["full"] > 0 and replays["piecewise"] > 0, replays
+    real, padded = rows(db, "SELECT SUM(real_tokens), SUM(padded_tokens) FROM replay_windows")[0]
     assert real > 0 and padded > 0
+    # Eager fallbacks only where the traffic went above the largest capture size, and every such step.
+    above = rows(db, "SELECT COALESCE(SUM(batches), 0) FROM batch_size_counts WHERE num_tokens > 256")[0][0]
+    eager = rows(db, "SELECT reason, SUM(batches) FROM eager_fallbacks GROUP BY reason")
+    assert eager == ([("above_max_capture_size", above)] if above else [])
+    assert sum(replays.values()) + above == 60
     violations = rows(db, "SELECT kind, injected FROM violations ORDER BY kind")
     assert violations == [("address_drift", 1), ("unexpected_capture", 1)]
-    run = rows(db, "SELECT backend, ended_at FROM runs")
+    run = rows(db, "SELECT backend, ended_at, config FROM runs")
     assert len(run) == 1 and run[0][0] == "eager" and run[0][1] is not None
+    assert '"mode": "FULL_AND_PIECEWISE"' in run[0][2] and '"chunked_prefill": true' in run[0][2]
+
+
+@pytest.mark.slow
+def test_the_warm_start_moves_the_token_count_from_the_first_step(faulted_run) -> None:
+    db, _ = faulted_run
+    sizes = rows(db, "SELECT num_tokens, batches FROM batch_size_counts")
+    assert min(n for n, _ in sizes) > 50, "an engine already busy: no cold ramp from one request"
+    assert len(sizes) > 20, f"the token count should move from step to step: {sizes}"
 
 
 @pytest.mark.slow
@@ -64,7 +89,8 @@ def test_demo_says_which_backend_and_prints_a_summary(faulted_run) -> None:
     _, result = faulted_run
     out = result.stdout
     assert "eager backend" in out
-    for word in ("graphs", "hit ratio", "padding waste", "fallbacks", "violations", "injected faults"):
+    for word in ("graphs", "full: 10", "piecewise: 9", "hit ratio", "padding waste", "fallbacks",
+                 "violations", "injected faults", "chunked prefill"):
         assert word in out, f"summary lacks {word!r}:\n{out}"
     assert "Traceback" not in result.stderr
 
@@ -80,8 +106,10 @@ def test_demo_without_faults_records_no_violations_and_same_seed_same_traffic(tm
         assert result.returncode == 0, explain(result)
         assert rows(db, "SELECT COUNT(*) FROM violations") == [(0,)]
         assert rows(db, "SELECT COUNT(*) FROM graphs WHERE unexpected") == [(0,)]
-        sizes = [n for (n,) in rows(db, "SELECT num_tokens FROM graphs ORDER BY num_tokens")]
-        assert sizes == [1, 2, 4, *range(8, 65, 8)]
+        for mode in ("full", "piecewise"):
+            sizes = [n for (n,) in rows(db, f"SELECT num_tokens FROM graphs WHERE mode = '{mode}' "
+                                            "ORDER BY num_tokens")]
+            assert sizes == [1, 2, 4, *range(8, 65, 8)], mode
         histograms.append(rows(db, "SELECT num_tokens, SUM(batches) FROM batch_size_counts "
                                    "GROUP BY num_tokens ORDER BY num_tokens"))
     assert histograms[0] == histograms[1]
@@ -110,6 +138,8 @@ def test_debug_checks_raise_on_the_injected_drift_and_the_demo_still_finishes(tm
         (["--speedup", "1e9"], "--speedup"),
         (["--max-batch", "0"], "--max-batch"),
         (["--port", "70000"], "--port"),
+        (["--mode", "fastest"], "--mode"),
+        (["--max-batch", "2000", "--steps", "1"], "--max-batch 2000"),
     ],
 )
 def test_bad_arguments_exit_2_without_a_traceback(args: list[str], message: str) -> None:
@@ -117,6 +147,43 @@ def test_bad_arguments_exit_2_without_a_traceback(args: list[str], message: str)
     assert result.returncode == 2, explain(result)
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_full_decode_only_is_the_decode_only_demo_as_before(tmp_path: Path) -> None:
+    db = tmp_path / "decode.db"
+    result = run_demo("--no-serve", "--steps", "40", "--backend", "eager", "--mode", "full_decode_only",
+                      "--db", f"sqlite:///{db}")
+    assert result.returncode == 0, explain(result)
+    # Printed by the demo before the mixed path existed (commit 62df0f5), same seed and steps:
+    # a cold start whose batch climbs from one request, decode steps only.
+    assert "batch sizes       1..28, mean 15, changed on 56% of steps (22 distinct sizes)" in result.stdout
+    assert "chunked prefill" not in result.stdout
+    graphs = rows(db, "SELECT mode, num_tokens, num_reqs, uniform FROM graphs WHERE NOT unexpected")
+    assert sorted(graphs) == [("full", n, n, 1) for n in POW2_256]
+    assert rows(db, "SELECT COUNT(*) FROM eager_fallbacks") == [(0,)]
+    assert rows(db, "SELECT SUM(replays) FROM replay_windows") == [(40,)]
+    assert rows(db, "SELECT kind, injected FROM violations ORDER BY kind") == [
+        ("address_drift", 1), ("unexpected_capture", 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "graph_modes"), [("piecewise", ["piecewise"]), ("full", ["full"]),
+                                                   ("none", [])])
+def test_each_mode_captures_only_its_own_graphs(tmp_path: Path, mode: str, graph_modes: list[str]) -> None:
+    db = tmp_path / f"{mode}.db"
+    result = run_demo("--no-serve", "--steps", "15", "--backend", "eager", "--mode", mode,
+                      "--max-batch", "32", "--db", f"sqlite:///{db}")
+    assert result.returncode == 0, explain(result)
+    assert [m for (m,) in rows(db, "SELECT DISTINCT mode FROM graphs ORDER BY mode")] == graph_modes
+    violations = rows(db, "SELECT kind, injected FROM violations ORDER BY kind")
+    if mode == "none":
+        eager = rows(db, "SELECT reason, SUM(batches) FROM eager_fallbacks GROUP BY reason")
+        assert eager == [("mode_none", 15)]
+        assert violations == []
+        assert "no graph to drift" in result.stdout
+    else:
+        assert violations == [("address_drift", 1), ("unexpected_capture", 1)]
 
 
 def test_unwritable_database_exits_2_with_a_clear_message(tmp_path: Path) -> None:
@@ -148,7 +215,11 @@ def test_your_own_trace_drives_the_demo(tmp_path: Path) -> None:
                       "--max-batch", "16", "--speedup", "1", "--db", f"sqlite:///{db}")
     assert result.returncode == 0, explain(result)
     assert "200 real requests (mine.csv)" in result.stdout
-    assert rows(db, "SELECT SUM(replays) FROM replay_windows")[0][0] == 30
+    replays = rows(db, "SELECT SUM(replays) FROM replay_windows")[0][0]
+    eager = rows(db, "SELECT COALESCE(SUM(batches), 0) FROM eager_fallbacks")[0][0]
+    assert replays + eager == 30
+    assert rows(db, "SELECT COUNT(*) FROM replay_windows WHERE mode = 'piecewise'")[0][0] > 0, \
+        "its 100-token prompts are prefilled in chunks, on piecewise graphs"
 
 
 def test_a_busy_port_is_refused_before_any_work(tmp_path: Path) -> None:

@@ -329,10 +329,11 @@ def _build_runner(args: argparse.Namespace, backend: str) -> tuple[Runner, str]:
         overrides["max_seq_len"] = TINY_MAX_SEQ_LEN if decode_only else max(
             TINY_MAX_SEQ_LEN, _token_budget(args.max_batch))
     config = getattr(ModelConfig, model_name)(**overrides)
-    if not decode_only and args.max_batch > config.max_seq_len:
-        raise UsageError(f"--max-batch {args.max_batch} is longer than the {model_name} model's context "
-                         f"({config.max_seq_len} tokens), so a prompt chunk could not fit one request's "
-                         f"KV row; pick a smaller --max-batch or --mode {DECODE_ONLY_MODE}")
+    if not decode_only and _token_budget(args.max_batch) > config.max_seq_len:
+        raise UsageError(f"--max-batch {args.max_batch} allows {_token_budget(args.max_batch)}-token steps, "
+                         f"longer than the {model_name} model's context ({config.max_seq_len} tokens), so "
+                         f"a prompt chunk might not fit one request's KV row; pick a smaller --max-batch "
+                         f"or --mode {DECODE_ONLY_MODE}")
     if backend == "eager":
         # The tiny model's kernels are too small to split across threads; on a small shared CPU,
         # intra-op threads spin against each other (measured here: 8x slower with two threads).
