@@ -73,9 +73,11 @@ class StaticBuffers:
             real = source.shape[0]
             if real > num_tokens:
                 raise ValueError(f"{name} has {real} rows, more than the padded size {num_tokens}")
+            if real == num_tokens:  # the common case at a bucket's size: no slicing on the step path
+                view.copy_(source)
+                continue
             view[:real].copy_(source)
-            if real < num_tokens:
-                view[real:].fill_(self.specs[name].pad_value)
+            view[real:].fill_(self.specs[name].pad_value)
         return views
 
     def _check_size(self, num_tokens: int) -> None:
