@@ -77,6 +77,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "ReferenceDecoder",
         "flatten_requests",
     ),
+    "capture_core.mixed_runner": ("MixedBatchRunner",),
     "capture_core.modes": ("CUDAGraphMode",),
     "capture_core.piecewise": (
         "PiecewiseEntry",
