@@ -301,3 +301,40 @@ def test_demo_serves_the_dashboard_until_interrupted(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err}"
     assert url in out
     assert "Traceback" not in err
+
+
+def test_the_demo_s_mixed_steps_give_the_eager_model_s_logits_step_after_step() -> None:
+    """The demo's own step building (prompt stand-ins, fed-back tokens, rows that start over) fed
+    through the mixed runner equals the eager model, over FULL, PIECEWISE and eager steps alike."""
+    import torch
+
+    from capture_core.mixed_runner import MixedBatchRunner
+    from capture_core.model import ModelConfig, ReferenceDecoder
+    from capture_core.modes import CUDAGraphMode
+    from capture_core.runtime import GraphRuntime
+    from capture_core.traffic import ContinuousBatchScheduler, TrafficConfig, load_trace
+    from dashboard.commands.demo import _MixedInputs, _shorter_prompts, _token_budget
+
+    budget = _token_budget(16)
+    config = ModelConfig.tiny(max_num_seqs=16, max_seq_len=budget)  # short rows: long requests start over
+    model = ReferenceDecoder(config, seed=3)
+    sizes = [1, 2, 4, 8, 12, 16, 18]  # 19 and 20 tokens run eagerly
+    runner = MixedBatchRunner(model, GraphRuntime("eager", progress=False, warmup_iters=1), sizes)
+    runner.capture()
+    traffic = TrafficConfig(max_num_seqs=16, speedup=0.5, seed=2, warmup_steps=50, chunked_prefill=True,
+                            max_num_batched_tokens=budget)
+    inputs = _MixedInputs(runner)
+    served = set()
+    for step in ContinuousBatchScheduler(_shorter_prompts(load_trace()), traffic).take(60):
+        batch, rows, sampled = inputs.batch(step)
+        meta = batch.attn_metadata
+        assert batch.num_tokens == step.num_tokens and int(batch.positions.max()) < config.max_seq_len
+        assert len(rows) == step.num_decode_tokens + sum(chunk.final for chunk in step.prefill_chunks)
+        reference_kv = runner.kv_cache.clone()
+        expected = model(batch.input_ids, batch.positions, batch.slot_ids, reference_kv, meta)
+        logits = runner.step(batch.input_ids, batch.positions, batch.slot_ids, meta)
+        torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+        served.add(runner.route(meta).mode)
+        inputs.update(logits, rows, sampled)
+        assert [inputs.next_token[slot] for slot in sampled] == expected[rows].argmax(-1).tolist()
+    assert served == {CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE}, served
