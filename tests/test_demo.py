@@ -90,7 +90,7 @@ def test_demo_says_which_backend_and_prints_a_summary(faulted_run) -> None:
     out = result.stdout
     assert "eager backend" in out
     for word in ("graphs", "full: 10", "piecewise: 9", "hit ratio", "padding waste", "fallbacks",
-                 "violations", "injected faults", "chunked prefill"):
+                 "violations", "injected faults", "chunked prefill", "with prompt chunks"):
         assert word in out, f"summary lacks {word!r}:\n{out}"
     assert "Traceback" not in result.stderr
 
@@ -158,7 +158,7 @@ def test_full_decode_only_is_the_decode_only_demo_as_before(tmp_path: Path) -> N
     # Printed by the demo before the mixed path existed (commit 62df0f5), same seed and steps:
     # a cold start whose batch climbs from one request, decode steps only.
     assert "batch sizes       1..28, mean 15, changed on 56% of steps (22 distinct sizes)" in result.stdout
-    assert "chunked prefill" not in result.stdout
+    assert "chunked prefill" not in result.stdout and "step kinds" not in result.stdout
     graphs = rows(db, "SELECT mode, num_tokens, num_reqs, uniform FROM graphs WHERE NOT unexpected")
     assert sorted(graphs) == [("full", n, n, 1) for n in POW2_256]
     assert rows(db, "SELECT COUNT(*) FROM eager_fallbacks") == [(0,)]

@@ -174,6 +174,8 @@ class DemoResult:
     drift_raised: bool = False
     drift_skipped: str | None = None
     """Why no drift could be planted (mode none has no graph to drift)."""
+    prefill_steps: int | None = None
+    """Steps that carried prompt chunks (None for the decode-only demo)."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -562,6 +564,7 @@ def _serve_mixed(runner: MixedBatchRunner, trace: Trace, args: argparse.Namespac
     drift_step = None if args.no_faults else args.steps // 3
     unexpected_step = None if args.no_faults else (2 * args.steps) // 3
     result = DemoResult(args.steps, 0.0, [], drift_step, None)
+    prefill_steps = 0
     drift_due = drift_step is not None
     if drift_due and runner.mode.name == "NONE":
         drift_due, result.drift_step = False, None
@@ -587,9 +590,11 @@ def _serve_mixed(runner: MixedBatchRunner, trace: Trace, args: argparse.Namespac
             if step.index == unexpected_step:
                 result.unexpected_step = step.index if _plant_unexpected_capture(runner) else None
             result.batch_sizes.append(step.num_tokens)
+            prefill_steps += bool(step.prefill_chunks)
             bar.set_postfix(tokens=step.num_tokens, prefill=step.num_prefill_tokens, refresh=False)
             bar.update(1)
     result.seconds = time.perf_counter() - started
+    result.prefill_steps = prefill_steps
     return result
 
 
@@ -676,6 +681,9 @@ def _print_summary(store: Any, recorder: Any, runner: Runner, result: DemoResult
           + (f", of which {unexpected} unexpected" if unexpected else "") + f", {memory}")
     print(f"  batch sizes       {stats.min}..{stats.max}, mean {stats.mean:.0f}, changed on "
           f"{100 * stats.changed_share:.0f}% of steps ({stats.distinct} distinct sizes)")
+    if result.prefill_steps is not None:
+        print(f"  step kinds        {result.steps - result.prefill_steps} decode only, "
+              f"{result.prefill_steps} with prompt chunks")
     batches = traffic["replays"] + traffic["eager_batches"]
     print(f"  replay hit ratio  {_percent(traffic['hit_ratio'])} of {batches} batches")
     print(f"  padding waste     {_percent(traffic['padding_waste'])} of the tokens the graphs computed")
