@@ -142,11 +142,13 @@ def test_debug_checks_raise_on_the_injected_drift_and_the_demo_still_finishes(tm
         (["--max-batch", "2000", "--steps", "1"], "--max-batch 2000"),
     ],
 )
-def test_bad_arguments_exit_2_without_a_traceback(args: list[str], message: str) -> None:
-    result = run_demo("--no-serve", *args, timeout=60)
+def test_bad_arguments_exit_2_without_a_traceback(tmp_path: Path, args: list[str], message: str) -> None:
+    db = tmp_path / "never.db"
+    result = run_demo("--no-serve", *args, "--db", f"sqlite:///{db}", timeout=60)
     assert result.returncode == 2, explain(result)
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+    assert not db.exists(), "refused before the database is created"
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from capture_core.mixed_runner import MixedBatchRunner
-    from capture_core.model import FlatBatch
+    from capture_core.model import FlatBatch, ModelConfig
     from capture_core.runner import DecodeRunner
     from capture_core.traffic import Step, Trace
 
@@ -196,16 +196,17 @@ def run(args: argparse.Namespace) -> int:
 
     from inspector.store import open_store, resolve_url
 
+    backend = _choose_backend(args.backend)
+    model_config, model_name = _model_config(args, backend)  # fails before the database is touched
     url = resolve_url(args.db)
     store = open_store(url, upgrade=True)  # a bad or unwritable database fails here, before any work
     try:
         from inspector.recorder import Recorder
 
-        backend = _choose_backend(args.backend)
         trace = _load_trace(args.trace)
         if args.mode != DECODE_ONLY_MODE:
             trace = _shorter_prompts(trace)
-        runner, model_name = _build_runner(args, backend)
+        runner = _build_runner(args, backend, model_config)
         config = _run_config(args, backend, model_name, runner, trace.source)
         recorder = Recorder(url, label="demo", config=config)
         runner.runtime.observer = recorder
@@ -304,15 +305,11 @@ def _capture_sizes(runner: Runner) -> tuple[int, ...]:
     return runner.dispatcher.sizes.sizes
 
 
-def _build_runner(args: argparse.Namespace, backend: str) -> tuple[Runner, str]:
+def _model_config(args: argparse.Namespace, backend: str) -> tuple[ModelConfig, str]:
+    """The reference decoder's shape for this run, and its name; a clear error if it cannot serve it."""
     import torch
 
-    from capture_core.mixed_runner import MixedBatchRunner
-    from capture_core.model import ModelConfig, ReferenceDecoder
-    from capture_core.modes import CUDAGraphMode
-    from capture_core.runner import DecodeRunner
-    from capture_core.runtime import GraphRuntime, UnexpectedCapturePolicy
-    from capture_core.sizes import capture_sizes
+    from capture_core.model import ModelConfig
     from inspector.errors import UsageError
 
     model_name = args.model if args.model != "auto" else ("small" if backend == "cuda" else "tiny")
@@ -336,6 +333,19 @@ def _build_runner(args: argparse.Namespace, backend: str) -> tuple[Runner, str]:
                          f"longer than the {model_name} model's context ({config.max_seq_len} tokens), so "
                          f"a prompt chunk might not fit one request's KV row; pick a smaller --max-batch "
                          f"or --mode {DECODE_ONLY_MODE}")
+    return config, model_name
+
+
+def _build_runner(args: argparse.Namespace, backend: str, config: ModelConfig) -> Runner:
+    import torch
+
+    from capture_core.mixed_runner import MixedBatchRunner
+    from capture_core.model import ReferenceDecoder
+    from capture_core.modes import CUDAGraphMode
+    from capture_core.runner import DecodeRunner
+    from capture_core.runtime import GraphRuntime, UnexpectedCapturePolicy
+    from capture_core.sizes import capture_sizes
+
     if backend == "eager":
         # The tiny model's kernels are too small to split across threads; on a small shared CPU,
         # intra-op threads spin against each other (measured here: 8x slower with two threads).
@@ -347,10 +357,10 @@ def _build_runner(args: argparse.Namespace, backend: str) -> tuple[Runner, str]:
     runtime = GraphRuntime(backend, unexpected_capture=UnexpectedCapturePolicy.CAPTURE)
     sizes = capture_sizes(args.capture_sizes, args.max_batch)
     mode = CUDAGraphMode[args.mode.upper()]
-    if decode_only:
+    if args.mode == DECODE_ONLY_MODE:
         # As vLLM's decode graphs: keyed by uniform-decode descriptors (one token per request).
-        return DecodeRunner(model, runtime, sizes, mode=mode, max_num_seqs=args.max_batch), model_name
-    return MixedBatchRunner(model, runtime, sizes, mode), model_name
+        return DecodeRunner(model, runtime, sizes, mode=mode, max_num_seqs=args.max_batch)
+    return MixedBatchRunner(model, runtime, sizes, mode)
 
 
 def _run_config(
