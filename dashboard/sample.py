@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Engine, func, insert, select, update
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.sizes import SizeTable, power_of_two_sizes, vllm_default_sizes
+from capture_core.traffic import TrafficConfig, decode_batch_sizes, load_trace
 from inspector.models import (
     BatchSizeCount,
     EagerFallback,
@@ -59,19 +60,19 @@ def seed_sample(engine: Engine, *, now: float, seed: int = 7) -> dict[str, int]:
         eager_graphs = _insert_graphs(conn, eager_run, "eager", eager_sizes, ("full",),
                                       captured_at=now - 890, rng=rng)
         _insert_traffic(conn, cuda_run, cuda_graphs, sizes, start=now - 3 * 3600 + 60, end=now - 3600,
-                        window=30.0, rng=rng, mean_batch=40)
+                        window=30.0, rng=rng, mean_batch=120)
         _insert_traffic(conn, eager_run, eager_graphs, eager_sizes, start=now - 860, end=now - 2,
-                        window=5.0, rng=rng, mean_batch=20)
+                        window=5.0, rng=rng, mean_batch=64)
         drift = _insert_violation(
-            conn, eager_run, "address_drift", eager_graphs[("full", 16)], input_name="positions",
+            conn, eager_run, "address_drift", eager_graphs[("full", 64)], input_name="positions",
             expected=0x7F3A2C000400, actual=0x7F3A2C9F0400, injected=True, count=12,
             message="input 'positions' moved since capture: the graph reads stale memory",
             first_seen_at=now - 600, last_seen_at=now - 30,
         )
         unexpected = _insert_violation(
-            conn, eager_run, "unexpected_capture", eager_graphs[("full", 64)], input_name=None,
+            conn, eager_run, "unexpected_capture", eager_graphs[("full", 32)], input_name=None,
             expected=None, actual=None, injected=True, count=1,
-            message="capture of tokens=64 after start-up was locked (policy: serve eagerly)",
+            message="capture of tokens=32 after start-up was locked (policy: serve eagerly)",
             first_seen_at=now - 420, last_seen_at=now - 420,
         )
         hostile = _insert_violation(
@@ -84,7 +85,7 @@ def seed_sample(engine: Engine, *, now: float, seed: int = 7) -> dict[str, int]:
         "cuda_run": cuda_run,
         "eager_run": eager_run,
         "cuda_graph": cuda_graphs[("full", 8)],
-        "eager_graph": eager_graphs[("full", 16)],
+        "eager_graph": eager_graphs[("full", 64)],
         "drift": drift,
         "unexpected": unexpected,
         "hostile": hostile,
@@ -221,13 +222,14 @@ def _insert_graphs(conn: Connection, run_id: int, backend: str, sizes: list[int]
 
 def _insert_traffic(conn: Connection, run_id: int, graphs: dict[tuple[str, int], int], sizes: list[int], *,
                     start: float, end: float, window: float, rng: random.Random, mean_batch: int) -> None:
-    """Continuous-batching traffic: batch sizes drift over time, a few exceed the largest capture size."""
+    """Continuous-batching traffic from the packaged Azure trace (40 steps a window); ``mean_batch``
+    sets how fast the trace is replayed, and a few steps exceed the largest capture size."""
     table = SizeTable(sizes)
+    steps = _trace_batch_sizes(int((end - start) / window) * 40 + 40, mean_batch, max(sizes) + 32, rng)
     windows, eager, histogram = [], [], []
     t = start
     while t < end:
-        load = mean_batch * (1.0 + 0.6 * rng.random()) * (1.3 if int(t / 600) % 3 == 0 else 0.8)
-        batches = Counter(max(1, int(rng.lognormvariate(0, 0.6) * load)) for _ in range(40))
+        batches = Counter(next(steps) for _ in range(40))
         per_graph: dict[tuple[str, int], list[int]] = {}
         for n, count in batches.items():
             histogram.append({"run_id": run_id, "window_start": t, "num_tokens": n, "batches": count})
@@ -255,6 +257,16 @@ def _insert_traffic(conn: Connection, run_id: int, graphs: dict[tuple[str, int],
     if eager:
         conn.execute(insert(EagerFallback), eager)
     conn.execute(insert(BatchSizeCount), histogram)
+
+
+def _trace_batch_sizes(count: int, mean_batch: int, max_num_seqs: int, rng: random.Random) -> Iterator[int]:
+    """Decode batch sizes of the real trace through the continuous-batching scheduler, replayed
+    fast enough for batches around ``mean_batch`` (measured: ~28 running at 1x, 20 ms steps)."""
+    config = TrafficConfig(
+        max_num_seqs=max_num_seqs, speedup=max(1.0, mean_batch / 28.0), seed=rng.randrange(1 << 16),
+        warmup_steps=500,
+    )
+    return iter(decode_batch_sizes(load_trace(), config, count))
 
 
 def _insert_violation(conn: Connection, run_id: int, kind: str, graph_id: int, *, input_name: str | None,
