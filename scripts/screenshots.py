@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Regenerate docs/screenshot-overview.png and docs/screenshot-violations.png.
 
-Seeds a fresh SQLite file with the dashboard's sample (two runs, one live on the eager backend,
-injected faults), starts `graph-inspector serve` on a free loopback port and photographs the pages
-in Debian's headless Chromium.
+Photographs a recorded database (the committed ones show `graph-inspector demo` on an H200:
+`--db sqlite:///demo-h200.db`), or, without `--db`, a fresh SQLite file seeded with the dashboard's
+sample (two runs, one live on the eager backend, injected faults). Starts `graph-inspector serve`
+on a free loopback port and photographs the pages in Debian's headless Chromium.
 
-    python3 scripts/screenshots.py [--out docs]
+    python3 scripts/screenshots.py [--db URL] [--out docs]
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ PAGES = {"screenshot-overview.png": "", "screenshot-violations.png": "violations
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="folder for the PNGs (default docs/)")
+    parser.add_argument("--db", help="photograph this database instead of a seeded sample")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
-        url = f"sqlite:///{Path(scratch) / 'sample.db'}"
-        store = open_store(url, upgrade=True)
-        seed_sample(store.engine, now=time.time())
-        store.dispose()
+        url = args.db
+        if url is None:
+            url = f"sqlite:///{Path(scratch) / 'sample.db'}"
+            store = open_store(url, upgrade=True)
+            seed_sample(store.engine, now=time.time())
+            store.dispose()
         with Daemon(url) as daemon, sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1440, "height": 900}, device_scale_factor=1)
