@@ -45,22 +45,7 @@ def test_empty_database_upgrades_to_head_without_drift(db_url: str) -> None:
 def test_reopening_keeps_rows_and_revision(db_url: str) -> None:
     store = open_store(db_url)
     with store.session() as session:
-        session.add(
-            Run(
-                label="kept",
-                host="h",
-                pid=1,
-                process="p",
-                rank=0,
-                world_size=1,
-                device="cpu",
-                backend="eager",
-                config="{}",
-                started_at=1.0,
-                last_seen_at=1.0,
-                dropped_events=0,
-            )
-        )
+        session.add(_run("kept"))
     store.dispose()
     again = open_store(db_url)
     try:
@@ -74,22 +59,7 @@ def test_reopening_keeps_rows_and_revision(db_url: str) -> None:
 def test_session_rolls_back_on_error(sqlite_url: str) -> None:
     store = open_store(sqlite_url)
     with pytest.raises(RuntimeError), store.session() as session:
-        session.add(
-            Run(
-                label="lost",
-                host="h",
-                pid=1,
-                process="p",
-                rank=0,
-                world_size=1,
-                device="cpu",
-                backend="eager",
-                config="{}",
-                started_at=1.0,
-                last_seen_at=1.0,
-                dropped_events=0,
-            )
-        )
+        session.add(_run("lost"))
         session.flush()
         raise RuntimeError("boom")
     with store.session() as session:
@@ -254,3 +224,11 @@ def test_a_migration_that_rebuilds_a_parent_table_keeps_the_child_rows(
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     finally:
         store.dispose()
+
+
+def _run(label: str) -> Run:
+    """A minimal runs row, as the recorder would write it."""
+    return Run(
+        label=label, host="h", pid=1, process="p", rank=0, world_size=1, device="cpu",
+        backend="eager", config="{}", started_at=1.0, last_seen_at=1.0, dropped_events=0,
+    )
