@@ -105,6 +105,51 @@ def test_capture_quick_reports_times_and_pool_memory_where_it_can(quick_results)
         assert any("pool-memory" in n for n in payload["notes"])
 
 
+def test_ubatch_quick_compares_overlapped_and_in_line_graphs_of_the_same_split(tmp_path: Path) -> None:
+    payload, stdout = run_quick("gpu_ubatch", tmp_path)
+    cases = payload["results"]["cases"]
+    labels = [c["case"] for c in cases]
+    assert labels[:2] == ["receive copy only", "copy 0.25 MiB"]
+    graphs = {"ubatched, overlapped", "ubatched, in line", "ubatched, compute only", "whole, in line"}
+    for case in cases:
+        assert case["num_ubatches"] == 2 and case["ubatch_slices"] == [[0, 8, 0, 8], [8, 16, 8, 16]]
+        assert graphs | {"whole, compute only", "eager"} == set(case["step_ms"])
+        assert all(v["median_ms"] > 0 for v in case["step_ms"].values())
+        assert case["equality"]["equal_to_eager"] is True
+        assert case["equality"]["max_abs_err_overlapped_vs_in_line"] <= case["equality"]["allowed_abs_err"]
+    if ON_CUDA:
+        assert labels[2:] == ["wait 10 us"]
+        profile = cases[2]["profile"]
+        assert profile["ubatched, overlapped"]["comm_activities_per_replay"] == 4  # 2 layers x 2 ubatches
+        assert profile["ubatched, in line"]["comm_under_compute_us"] == 0
+        assert any(t["name"].startswith("ubatched overlapped / in line") for t in payload["targets"])
+    else:
+        assert len(cases) == 2 and all("overlap" not in c for c in cases)
+        assert any("overlap figures" in n for n in payload["notes"])
+    assert "Summary (medians, ms; comm hidden" in stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--payload-mib", "1,x"], "--payload-mib takes comma-separated numbers"),
+        (["--wait-us", "-3"], "--wait-us values must be >= 0"),
+        (["--tokens", "100000"], "exceeds the model's"),
+    ],
+)
+def test_ubatch_bad_options_get_one_line_errors(option: list[str], message: str, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/gpu_ubatch.py", *option, "--out", str(tmp_path / "u.json")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "u.json").exists()
+
+
 def test_summarize_turns_the_results_folder_into_markdown(quick_results) -> None:
     folder, results = quick_results
     proc = subprocess.run(
