@@ -29,7 +29,9 @@ dry run (tiny model, eager backend); its figures are not results.
 from __future__ import annotations
 
 import datetime
+import gzip
 import json
+import shutil
 import socket
 import sys
 import tempfile
@@ -58,7 +60,7 @@ from bench.common import (
     time_interleaved,
     write_results,
 )
-from bench.timeline import Activity, overlap_seen, read_chrome_trace
+from bench.timeline import Activity, breakdown, overlap_seen, read_chrome_trace
 from capture_core.descriptor import BatchDescriptor
 from capture_core.forward_context import set_forward_context
 from capture_core.model import ModelConfig, ReferenceDecoder
@@ -76,6 +78,8 @@ NUM_UBATCHES = 2
 OVERLAPPED, IN_LINE, UB_COMPUTE = "ubatched, overlapped", "ubatched, in line", "ubatched, compute only"
 WHOLE_IN_LINE, WHOLE_COMPUTE = "whole, in line", "whole, compute only"
 GRAPHS = (OVERLAPPED, IN_LINE, UB_COMPUTE, WHOLE_IN_LINE, WHOLE_COMPUTE)
+MIN_JUDGED_COMM = 0.05
+"""Exchanges adding less than this share of the ubatched compute are too small to judge overlap by."""
 
 
 def parse_args() -> Any:
@@ -99,6 +103,11 @@ def parse_args() -> Any:
     )
     parser.add_argument(
         "--profile-replays", type=int, default=5, help="replays per profiled graph (default 5; 0: no profile)"
+    )
+    parser.add_argument(
+        "--trace-dir",
+        type=Path,
+        help="keep the profiler traces there, gzipped (chrome://tracing or ui.perfetto.dev open them)",
     )
     parser.add_argument("--max-seq-len", type=int, default=512, help="KV row length (default 512)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
@@ -247,19 +256,24 @@ def check_equal(work: Workload, built: dict[str, Any]) -> dict[str, Any]:
 
 
 def overlap_from_step_times(medians: dict[str, float]) -> dict[str, float | None]:
-    """How much of the comm the second stream hid, judged from the ubatched graphs' step times."""
+    """How much of the comm the second stream hid, judged from the ubatched graphs' step times.
+
+    The hidden share is left out (None) when the exchanges add less than ``MIN_JUDGED_COMM`` of the
+    step: a difference of medians that small is timing noise, not overlap.
+    """
     overlapped, in_line, compute = medians[OVERLAPPED], medians[IN_LINE], medians[UB_COMPUTE]
     comm = in_line - compute
+    judged = comm > MIN_JUDGED_COMM * compute
     return {
         "comm_in_line_ms": comm,
-        "comm_hidden_fraction": (in_line - overlapped) / comm if comm > 0 else None,
+        "comm_hidden_fraction": (in_line - overlapped) / comm if judged else None,
         "overlapped_vs_in_line": overlapped / in_line,
         "overlapped_vs_whole_in_line": overlapped / medians[WHOLE_IN_LINE],
     }
 
 
-def profile_overlap(fn: Any, case: CommCase, replays: int, folder: Path) -> dict[str, Any]:
-    """Profile ``replays`` calls of ``fn``; the comm kernels' device time, and how much ran under compute."""
+def profile_overlap(fn: Any, case: CommCase, replays: int, trace: Path) -> dict[str, Any]:
+    """Profile ``replays`` calls of ``fn`` into ``trace``: how much comm device time ran under compute."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -268,11 +282,28 @@ def profile_overlap(fn: Any, case: CommCase, replays: int, folder: Path) -> dict
         for _ in range(replays):
             fn()
         torch.cuda.synchronize()
-    trace = folder / "trace.json"
     prof.export_chrome_trace(str(trace))
     activities = read_chrome_trace(trace)
-    seen = overlap_seen(activities, case.is_comm)
-    return seen.per(replays)
+    figures = overlap_seen(activities, case.is_comm).per(replays)
+    figures["activities"] = breakdown(activities, replays)
+    return figures
+
+
+def profile_case(
+    built: dict[str, Any], case: CommCase, replays: int, trace_dir: Path | None
+) -> dict[str, Any]:
+    """The overlapped and the in-line graph profiled; traces kept (gzipped) in ``trace_dir`` if given."""
+    profiles = {}
+    with tempfile.TemporaryDirectory(prefix="gpu-ubatch-trace-") as tmp:
+        for name in (OVERLAPPED, IN_LINE):
+            slug = f"{case.label}-{name}".replace(",", "").replace(" ", "-")
+            trace = Path(tmp, f"{slug}.json")
+            profiles[name] = profile_overlap(built["graphs"][name], case, replays, trace)
+            if trace_dir is not None:
+                trace_dir.mkdir(parents=True, exist_ok=True)
+                with trace.open("rb") as src, gzip.open(trace_dir / f"{slug}.json.gz", "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+    return profiles
 
 
 # ------------------------------------------------------------------------- DP coordination (N ranks)
@@ -421,11 +452,7 @@ def main() -> int:
             )
             has_comm = case.payload_mib > 0 or case.wait_us > 0
             if args.profile_replays and has_comm:
-                with tempfile.TemporaryDirectory(prefix="gpu-ubatch-trace-") as tmp:
-                    entry["profile"] = {
-                        name: profile_overlap(built["graphs"][name], case, args.profile_replays, Path(tmp))
-                        for name in (OVERLAPPED, IN_LINE)
-                    }
+                entry["profile"] = profile_case(built, case, args.profile_replays, args.trace_dir)
                 seen = entry["profile"][OVERLAPPED]
                 if seen["activities_per_replay"] == 0:
                     notes.append(f"{case.label}: the profiler reported no device activity in graph replays")

@@ -129,6 +129,26 @@ class OverlapSeen:
         }
 
 
+def breakdown(activities: Sequence[Activity], replays: int, top: int = 12) -> list[dict[str, Any]]:
+    """The activities by name, most device time first: count, microseconds and bytes per replay."""
+    groups: dict[tuple[str, str], list[Activity]] = {}
+    for activity in activities:
+        groups.setdefault((activity.name, activity.category), []).append(activity)
+    rows = [
+        {
+            "name": name,
+            "category": category,
+            "per_replay": len(group) / replays,
+            "us_per_replay": sum(a.end_us - a.start_us for a in group) / replays,
+            "bytes": sorted({a.bytes for a in group if a.bytes is not None}),
+            "streams": sorted({a.stream for a in group if a.stream is not None}),
+        }
+        for (name, category), group in groups.items()
+    ]
+    rows.sort(key=lambda row: -row["us_per_replay"])
+    return rows[:top]
+
+
 def overlap_seen(activities: Sequence[Activity], is_comm: Callable[[Activity], bool]) -> OverlapSeen:
     """Split ``activities`` into comm (``is_comm``) and compute, and measure their overlap."""
     comm = [(a.start_us, a.end_us) for a in activities if is_comm(a)]

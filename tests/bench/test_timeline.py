@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from bench.timeline import (
     Activity,
+    breakdown,
     concurrent_time,
     intersection,
     merge,
@@ -91,3 +92,19 @@ def test_read_chrome_trace_keeps_device_activities_only(tmp_path: Path) -> None:
         Activity("spin_kernel", 10.5, 14.5, "kernel", stream=7),
         Activity("Memcpy DtoD", 12.0, 14.0, "gpu_memcpy", bytes=64),
     ]
+
+
+def test_breakdown_groups_activities_by_name_most_time_first() -> None:
+    activities = [
+        Activity("gemm", 0, 30, "kernel", stream=7),
+        Activity("Memcpy DtoD", 30, 31, "gpu_memcpy", stream=7, bytes=64),
+        Activity("gemm", 40, 70, "kernel", stream=7),
+        Activity("Memcpy DtoD", 70, 72, "gpu_memcpy", stream=9, bytes=128),
+    ]
+    rows = breakdown(activities, replays=2)
+    assert [(r["name"], r["per_replay"], r["us_per_replay"]) for r in rows] == [
+        ("gemm", 1.0, 30.0),
+        ("Memcpy DtoD", 1.0, 1.5),
+    ]
+    assert rows[1]["bytes"] == [64, 128] and rows[1]["streams"] == [7, 9]
+    assert breakdown(activities, replays=1, top=1)[0]["name"] == "gemm"
