@@ -15,8 +15,9 @@ peers). For each comm case it captures, in one capture phase, five graphs of the
 It checks that both ubatched graphs' logits equal the non-ubatched eager decoder's, times every
 graph interleaved (CUDA events, medians), and reports the comm hidden by the second stream two ways:
 from step times, ``(in line - overlapped) / (in line - compute only)`` over the ubatched graphs;
-and from a profiler trace of replays, the share of the comm kernels' device time that ran while a
-compute kernel was running (the in-line graph is profiled too: there it must be about zero).
+and, for the spin cases, from a profiler trace of replays: the share of the spin kernels' device
+time that ran while a compute kernel was running (the in-line graph is profiled too: there it must
+be about zero).
 
     python3 bench/gpu_ubatch.py --out bench/results/h200/gpu_ubatch.json
 
@@ -148,11 +149,19 @@ class CommCase:
     def payload_bytes(self) -> int:
         return int(self.payload_mib * MIB)
 
-    def is_comm(self, activity: Activity) -> bool:
-        """Whether a profiled activity is this case's comm (the receive copy cannot be told apart)."""
-        if self.wait_us:
-            return SPIN_KERNEL_NAME in activity.name
-        return activity.category == "gpu_memcpy" and activity.bytes == self.payload_bytes > 0
+    @property
+    def profiled(self) -> bool:
+        """Whether a profile can tell this case's comm apart: only the spin kernel has its own name.
+
+        Copies cannot be told apart: inside a graph the driver may run a copy as a ``memcpy128``
+        kernel with no byte count, and the step's own copies (the receive copy, joining the
+        ubatches' logits) look the same.
+        """
+        return self.wait_us > 0
+
+    @staticmethod
+    def is_comm(activity: Activity) -> bool:
+        return SPIN_KERNEL_NAME in activity.name
 
 
 class Workload:
@@ -450,8 +459,7 @@ def main() -> int:
                 f"step times: the exchanges add {o['comm_in_line_ms']:.3f} ms in line; overlapped "
                 f"{medians[OVERLAPPED]:.3f} ms vs in line {medians[IN_LINE]:.3f} ms -> comm hidden {hidden}"
             )
-            has_comm = case.payload_mib > 0 or case.wait_us > 0
-            if args.profile_replays and has_comm:
+            if args.profile_replays and case.profiled:
                 entry["profile"] = profile_case(built, case, args.profile_replays, args.trace_dir)
                 seen = entry["profile"][OVERLAPPED]
                 if seen["activities_per_replay"] == 0:

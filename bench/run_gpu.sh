@@ -30,7 +30,7 @@ benches=(
   "gpu_overhead|60|--budget-s 10"
   "gpu_core|180|--budget-s 50"
   "gpu_piecewise|180|--budget-s 50"
-  "gpu_ubatch|180|--budget-s 40"
+  "gpu_ubatch|240|--budget-s 90"
   "gpu_watch|240|--budget-s 50"
 )
 
