@@ -1059,9 +1059,13 @@ def main() -> int:
         for r in ranks:
             heaviest = r["timing"][-1]
             together = heaviest["step_ms"]["ubatched"]["median_ms"]
-            # Below 1: the ubatched step took less than compute and comm one after the other.
-            name = f"rank {r['rank']}: ubatched / (compute + comm alone) ({heaviest['payload_mib']:g} MiB)"
-            targets.append(target(name, together / heaviest["compute_plus_comm_ms"], 1.0))
+            # Below 1: the ubatched step took less than its own two halves' compute and comm one
+            # after the other (the whole-batch sum would charge it for the cost of splitting).
+            name = (
+                f"rank {r['rank']}: ubatched / (compute + comm of its halves, in line) "
+                f"({heaviest['payload_mib']:g} MiB)"
+            )
+            targets.append(target(name, together / heaviest["halves_compute_plus_comm_ms"], 1.0))
     write_results(
         args.out,
         benchmark="gpu_dp_ubatch",

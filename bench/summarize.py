@@ -112,6 +112,8 @@ def headline(payload: dict[str, Any]) -> str:
                 )
             parts.append(text)
         return "<br>".join(parts)
+    if name == "gpu_ubatch" and results:
+        return _ubatch_headline(payload)
     if name == "gpu_overhead" and results:
         return "; ".join(
             f"{r['variant']} {_num(r['median_us'])} us (+{_num(r['added_us'])})" for r in results
@@ -192,6 +194,46 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
+def _ubatch_headline(payload: dict[str, Any]) -> str:
+    """The comm case where micro-batching gained most: overlapped against in line and not split."""
+    cases = [c for c in payload["results"].get("cases", []) if c.get("overlap")]
+    if not cases:
+        return "see targets"
+    best = min(cases, key=lambda c: c["overlap"]["overlapped_vs_in_line"])
+    ms = {name: v["median_ms"] for name, v in best["step_ms"].items()}
+    text = (
+        f"{payload['config']['model']}, {best['case']} per exchange: ubatched overlapped "
+        f"{_num(ms['ubatched, overlapped'])} ms vs in line {_num(ms['ubatched, in line'])} ms vs not "
+        f"split {_num(ms['whole, in line'])} ms; comm hidden {_num(best['overlap']['comm_hidden_fraction'])}"
+    )
+    seen = best.get("profile", {}).get("ubatched, overlapped", {}).get("comm_hidden_fraction")
+    return text + (f" (profiler: {_num(seen)})" if seen is not None else "")
+
+
+def _ubatch_rows(payload: dict[str, Any]) -> list[tuple[Any, ...]]:
+    rows = []
+    for c in payload["results"]["cases"]:
+        ms = {name: v["median_ms"] for name, v in c["step_ms"].items()}
+        overlap = c.get("overlap", {})
+        seen = c.get("profile", {}).get("ubatched, overlapped", {})
+        control = c.get("profile", {}).get("ubatched, in line", {})
+        rows.append(
+            (
+                c["case"],
+                ms.get("whole, compute only"),
+                ms.get("whole, in line"),
+                ms.get("ubatched, compute only"),
+                ms.get("ubatched, in line"),
+                ms.get("ubatched, overlapped"),
+                overlap.get("comm_hidden_fraction"),
+                seen.get("comm_hidden_fraction"),
+                control.get("comm_under_compute_us"),
+                c["equality"]["equal_to_eager"],
+            )
+        )
+    return rows
+
+
 def _runner_host_added(size: dict[str, Any]) -> float | None:
     host = size.get("host_us_per_step", {})
     return host["runner"] - host["bare"] if "runner" in host and "bare" in host else None
@@ -229,6 +271,24 @@ def details(payload: dict[str, Any]) -> str:
             if "compile" in r and r["compile"]["skip_reasons"]:
                 reasons = "\n".join(f"- `{reason}`" for reason in r["compile"]["skip_reasons"])
                 blocks.append(f"torch.compile skip reasons ({r['model']}):\n\n{reasons}")
+    elif name == "gpu_ubatch" and "cases" in (payload.get("results") or {}):
+        c = payload["config"]
+        headers = [
+            "comm per exchange",
+            "whole, compute ms",
+            "whole, in line ms",
+            "ubatched, compute ms",
+            "ubatched, in line ms",
+            "ubatched, overlapped ms",
+            "hidden (step times)",
+            "hidden (profiler)",
+            "in-line graph: comm under compute us",
+            "equal to eager",
+        ]
+        blocks.append(
+            f"Micro-batching, {c['model']} ({c['params'] / 1e6:.1f}M params), {c['tokens']} tokens in "
+            f"{c['num_ubatches']} ubatches (medians)\n\n" + markdown_table(headers, _ubatch_rows(payload))
+        )
     elif name == "gpu_overhead":
         rows = [(r["variant"], r["median_us"], r["p10_us"], r["p90_us"], r["added_us"]) for r in results]
         blocks.append(

@@ -127,6 +127,18 @@ def test_ubatch_quick_compares_overlapped_and_in_line_graphs_of_the_same_split(t
         assert len(cases) == 2 and all("overlap" not in c for c in cases)
         assert any("overlap figures" in n for n in payload["notes"])
     assert "Summary (medians, ms; comm hidden" in stdout
+    summary = subprocess.run(
+        [sys.executable, "bench/summarize.py", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert summary.returncode == 0, summary.stderr
+    assert "Micro-batching, tiny (0.1M params), 16 tokens in 2 ubatches (medians)" in summary.stdout
+    lines = summary.stdout.splitlines()
+    rows = [line for line in lines if line.startswith(("| receive copy", "| copy 0.25"))]
+    assert len(rows) == 2 and all(row.rstrip().endswith("| True |") for row in rows)
 
 
 @pytest.mark.parametrize(
