@@ -40,6 +40,11 @@ def violation(violation_id: str) -> Response:
     return _answer(resources.violation(violation_id))
 
 
+@bp.get("/compile")
+def compile_events() -> Response:
+    return _answer(resources.compile_events())
+
+
 @bp.get("/runs")
 def runs() -> Response:
     return _answer(resources.runs())
@@ -58,5 +63,6 @@ def run(run_id: str) -> Response:
 @bp.get("/<path:unknown>")
 def unknown_endpoint(unknown: str) -> Response:
     raise NotFound(
-        f"no API endpoint /api/{unknown}; try /api/summary, /api/graphs, /api/violations or /api/runs"
+        f"no API endpoint /api/{unknown}; try /api/summary, /api/graphs, /api/violations, /api/compile "
+        "or /api/runs"
     )

@@ -6,7 +6,7 @@ from flask import Blueprint, render_template
 
 from dashboard import resources
 from dashboard.resources import GRAPH_MODES, VIOLATION_KINDS, queries
-from inspector.queries import GRAPH_SORTS
+from inspector.queries import COMPILE_KINDS, GRAPH_SORTS
 
 bp = Blueprint("pages", __name__)
 
@@ -43,6 +43,16 @@ def violations() -> str:
         "violations.html", listing=resource.data, page=resource.page,
         runs=queries().run_options(resource.data["filters"]["run"]),
         kinds=VIOLATION_KINDS, live=_any_live(),
+    )
+
+
+@bp.get("/compile")
+def compile_events() -> str:
+    resource = resources.compile_events()
+    return render_template(
+        "compile.html", listing=resource.data, page=resource.page,
+        runs=queries().run_options(resource.data["filters"]["run"]),
+        kinds=COMPILE_KINDS, live=_any_live(),
     )
 
 

@@ -15,7 +15,7 @@ from werkzeug.exceptions import BadRequest, NotFound
 from capture_core.events import ViolationKind
 from capture_core.modes import CUDAGraphMode
 from dashboard.params import choice_arg, int_arg, pagination, parse_int
-from inspector.queries import GRAPH_SORTS, Page, Queries
+from inspector.queries import COMPILE_KINDS, GRAPH_SORTS, Page, Queries
 
 EXTENSION = "graph_inspector"
 GRAPH_MODES = tuple(m.label for m in CUDAGraphMode if m.is_runtime_mode() and m is not CUDAGraphMode.NONE)
@@ -89,6 +89,14 @@ def violation(raw_id: str) -> Resource:
     if found is None:
         raise NotFound(f"no violation with id {violation_id}")
     return Resource(found)
+
+
+def compile_events() -> Resource:
+    run_id = _run_filter()
+    kind = choice_arg("kind", COMPILE_KINDS)
+    page, per_page = pagination()
+    listing = queries().compile_events(run_id=run_id, kind=kind, page=page, per_page=per_page)
+    return Resource.from_page(listing, filters={"run": run_id, "kind": kind})
 
 
 def runs() -> Resource:

@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, and_, func, select
 
-from inspector.models import EagerTotal, Graph, ReplayTotal, Run, Violation
+from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
 from inspector.store import Store
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,13 @@ METRICS: tuple[MetricSpec, ...] = (
         "counter",
         ("kind",),
         "Violations seen (every occurrence), by kind: address_drift, unexpected_capture, ...",
+    ),
+    MetricSpec(
+        f"{PREFIX}compile_events_total",
+        "counter",
+        ("kind",),
+        "torch.compile's CUDA-graph skips and re-records heard by graph-inspector watch (every occurrence), "
+        "by kind: compile_skip, compile_rerecord.",
     ),
     MetricSpec(
         f"{PREFIX}replay_hit_ratio",
@@ -227,6 +234,13 @@ class InspectorCollector(Collector):
             .order_by(Violation.kind)
         ):
             f[f"{PREFIX}violations_total"].add_metric([kind], int(count))
+
+        for kind, count in conn.execute(
+            select(CompileRecord.kind, func.sum(CompileRecord.count))
+            .group_by(CompileRecord.kind)
+            .order_by(CompileRecord.kind)
+        ):
+            f[f"{PREFIX}compile_events_total"].add_metric([kind], int(count))
 
         if replays + eager:
             f[f"{PREFIX}replay_hit_ratio"].add_metric([], replays / (replays + eager))

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, Select, case, func, select
 from sqlalchemy.orm import Session
 
 from inspector.metrics import LIVE_AFTER_S
-from inspector.models import EagerTotal, Graph, ReplayTotal, ReplayWindow, Run, Violation
+from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, ReplayWindow, Run, Violation
 from inspector.rollup import Rollup, Traffic, integer_sum
 
 GRAPH_SORTS = {
@@ -33,6 +33,9 @@ GRAPH_SORTS = {
     "captured_at": Graph.captured_at,
 }
 """The columns the graphs table may be sorted by (the API's ``sort=`` values)."""
+
+COMPILE_KINDS = ("compile_skip", "compile_rerecord")
+"""What ``graph-inspector watch`` records of torch.compile's cudagraph trees (``compile_events``)."""
 
 HISTORY_WINDOWS = 500
 """How many of a graph's most recent replay windows its page charts."""
@@ -194,6 +197,15 @@ class Queries:
             eager = _eager_by(session, EagerTotal.reason, EagerTotal.mode, run_ids=scope)
             traffic.eager_batches = sum(batches for batches, _ in eager.values())
             by_size = _traffic_by(session, ReplayTotal.num_tokens, ReplayTotal.mode, run_ids=scope)
+            compile_filter = [] if run_id is None else [CompileRecord.run_id == run_id]
+            compile_kinds = dict(
+                session.execute(
+                    select(CompileRecord.kind, integer_sum(CompileRecord.count))
+                    .where(*compile_filter)
+                    .group_by(CompileRecord.kind)
+                    .order_by(CompileRecord.kind.desc())
+                ).all()
+            )
         kinds = self.rollup.findings(scope)
         return {
             "run": run_id,
@@ -211,6 +223,7 @@ class Queries:
                 for (reason, mode), (batches, tokens) in sorted(eager.items(), key=lambda item: -item[1][0])
             ],
             "violations": {"findings": sum(kinds.values()), "by_kind": kinds},
+            "compile": {"by_kind": compile_kinds},
             "charts": {
                 "series": [
                     {"t": start, "hit_ratio": t.hit_ratio, "padding_waste": t.padding_waste,
@@ -327,6 +340,41 @@ class Queries:
         with self._session() as session:
             found = session.get(Violation, violation_id)
             return _violation_fields(found) if found else None
+
+    # torch.compile
+
+    def compile_events(
+        self, *, run_id: int | None = None, kind: str | None = None, page: int = 1, per_page: int = 50
+    ) -> Page:
+        """torch.compile's skips and re-records, the most repeated first: each with the compiler's reason."""
+        filters = []
+        if run_id is not None:
+            filters.append(CompileRecord.run_id == run_id)
+        if kind is not None:
+            filters.append(CompileRecord.kind == kind)
+        query = (
+            select(CompileRecord)
+            .where(*filters)
+            .order_by(CompileRecord.count.desc(), CompileRecord.last_seen_at.desc(), CompileRecord.id.desc())
+        )
+        with self._session() as session:
+            total = session.scalar(select(func.count(CompileRecord.id)).where(*filters)) or 0
+            rows = session.scalars(query.offset((page - 1) * per_page).limit(per_page)).all()
+            return Page([_compile_fields(r) for r in rows], page, per_page, total)
+
+
+def _compile_fields(r: CompileRecord) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "run_id": r.run_id,
+        "kind": r.kind,
+        "function": r.function,
+        "reason": r.reason,
+        "message": r.message,
+        "count": r.count,
+        "first_seen_at": r.first_seen_at,
+        "last_seen_at": r.last_seen_at,
+    }
 
 
 def _size_row(mode: str, size: int) -> dict[str, Any]:

@@ -106,7 +106,7 @@ class WatchFlusher:
             with self._store.writer() as conn:
                 new_totals = self._write_replays(conn, run_id, counts, now)
                 for event in events:
-                    _upsert_compile_event(conn, run_id, event)
+                    upsert_compile_event(conn, run_id, event)
         except Exception as error:  # kept for the next window; the engine goes on
             self.failures += 1
             if self.failures == 1:
@@ -185,7 +185,7 @@ def _descriptor_columns(graph: WatchedGraph) -> dict[str, object]:
     }
 
 
-def _upsert_compile_event(conn: Connection, run_id: int, event: CompileEvent) -> None:
+def upsert_compile_event(conn: Connection, run_id: int, event: CompileEvent) -> None:
     """Repeats of one kind, function and reason in a run bump the count."""
     function = event.function[:200]
     known = conn.execute(

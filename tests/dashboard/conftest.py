@@ -6,6 +6,7 @@ each test gets its own copy.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Iterator
@@ -18,13 +19,43 @@ from flask.testing import FlaskClient
 from dashboard.app import create_app
 from dashboard.sample import seed_sample
 from inspector.store import Store, open_store
+from inspector.watch.compile_log import SKIP_LOGGER, TREES_LOGGER, compile_event_from_record
+from inspector.watch.flush import upsert_compile_event
+
+COMPILE_LOG = [
+    # (logger, template, args, times heard): torch.compile's own log lines, as the watch hears them.
+    (SKIP_LOGGER, "skipping cudagraphs due to mutated inputs (1 instances). Found from : model.py:362",
+     (), 9),
+    (TREES_LOGGER, "[%s] Re-recording function=%s, mode=%s, reason=%s",
+     ("0/0", "forward", "INFERENCE", "static input data pointer changed.\ninput name: L_kv_cache_"), 4),
+    (TREES_LOGGER, "[%s] Re-recording function=%s, mode=%s, reason=%s",
+     ("1/0", "decode_step", "INFERENCE", "<script>window.__pwned = 3</script> changed"), 1),
+]
+
+
+def add_compile_events(engine: object, run_id: int, now: float) -> int:
+    """Write torch.compile skips and re-records for ``run_id`` the way ``graph-inspector watch`` does:
+    its log filter turns the compiler's records into events, its flusher upserts them."""
+    written = 0
+    with engine.begin() as conn:  # type: ignore[attr-defined]
+        for logger, template, args, times in COMPILE_LOG:
+            for i in range(times):
+                record = logging.LogRecord(logger, logging.DEBUG, "trees.py", 1, template, args, None)
+                record.created = now - 60 + i
+                event = compile_event_from_record(record)
+                assert event is not None
+                upsert_compile_event(conn, run_id, event)
+                written += 1
+    return written
 
 
 @pytest.fixture(scope="session")
 def seeded_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
     path = tmp_path_factory.mktemp("template") / "inspector.db"
     store = open_store(f"sqlite:///{path}", upgrade=True)
-    ids = seed_sample(store.engine, now=time.time())
+    now = time.time()
+    ids = seed_sample(store.engine, now=now)
+    add_compile_events(store.engine, ids["cuda_run"], now)
     with store.engine.connect() as conn:
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     store.dispose()

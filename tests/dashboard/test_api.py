@@ -98,6 +98,38 @@ def test_violations_filter_by_kind_and_run(client: FlaskClient, seeded: dict[str
     assert "Traceback" in injected["stack"]
 
 
+def test_compile_events_list_the_compilers_reasons_most_repeated_first(
+    client: FlaskClient, seeded: dict[str, int]
+) -> None:
+    body = get_ok(client, "/api/compile")
+    rows = body["data"]["items"]
+    assert body["page"]["total"] == 3
+    assert [(r["kind"], r["function"], r["count"]) for r in rows] == [
+        ("compile_skip", "", 9),
+        ("compile_rerecord", "forward", 4),
+        ("compile_rerecord", "decode_step", 1),
+    ]
+    assert rows[0]["reason"] == "mutated inputs (1 instances). Found from : model.py:362"
+    assert rows[1]["reason"].startswith("static input data pointer changed.")
+    assert rows[1]["message"].startswith("[0/0] Re-recording function=forward, mode=INFERENCE")
+    assert rows[1]["last_seen_at"] - rows[1]["first_seen_at"] == pytest.approx(3)
+    assert {r["run_id"] for r in rows} == {seeded["cuda_run"]}
+    rerecords = get_ok(client, "/api/compile?kind=compile_rerecord")["data"]
+    assert [r["function"] for r in rerecords["items"]] == ["forward", "decode_step"]
+    assert get_ok(client, f"/api/compile?run={seeded['eager_run']}")["data"]["items"] == []
+    paged = get_ok(client, "/api/compile?per_page=1&page=2")
+    assert [r["function"] for r in paged["data"]["items"]] == ["forward"] and paged["page"]["pages"] == 3
+
+
+def test_summary_counts_compile_events_per_kind_for_the_chosen_run(
+    client: FlaskClient, seeded: dict[str, int]
+) -> None:
+    expected = {"compile_skip": 9, "compile_rerecord": 5}
+    assert get_ok(client, "/api/summary")["data"]["compile"] == {"by_kind": expected}
+    assert get_ok(client, f"/api/summary?run={seeded['cuda_run']}")["data"]["compile"]["by_kind"] == expected
+    assert get_ok(client, f"/api/summary?run={seeded['eager_run']}")["data"]["compile"] == {"by_kind": {}}
+
+
 def test_runs_list_and_compare(app: Flask, client: FlaskClient, seeded: dict[str, int]) -> None:
     touch_run(app.extensions["graph_inspector"].store.engine, seeded["eager_run"])
     runs = get_ok(client, "/api/runs")["data"]["items"]
@@ -128,6 +160,8 @@ def test_runs_list_and_compare(app: Flask, client: FlaskClient, seeded: dict[str
         ("/api/graphs?order=sideways", 400, "order must be one of asc, desc"),
         ("/api/violations?kind=meltdown", 400, "kind must be one of address_drift"),
         ("/api/violations?run=424242", 404, "no run with id 424242"),
+        ("/api/compile?kind=meltdown", 400, "kind must be one of compile_skip, compile_rerecord"),
+        ("/api/compile?run=424242", 404, "no run with id 424242"),
         ("/api/summary?run=x", 400, "run must be an integer"),
         ("/api/runs/compare?a=1", 400, "compare needs two runs"),
         ("/api/runs/compare?a=1&b=424242", 404, "no run with id 424242"),

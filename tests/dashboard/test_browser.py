@@ -172,6 +172,24 @@ def test_violations_page_shows_findings_as_text_and_runs_no_injected_script(visi
     assert page.locator("article.violation").count() == 1
 
 
+def test_compile_page_lists_reasons_as_text_and_filters_by_kind(visit: Visit) -> None:
+    page = visit.open("/")
+    page.locator("#compile-note a", has_text="re-records").click()
+    page.wait_for_url("**/compile?*kind=compile_rerecord*")
+    page.wait_for_load_state("networkidle")
+    rows = page.locator("#compile-table tbody tr")
+    assert rows.count() == 2
+    assert "static input data pointer changed." in rows.first.inner_text()
+    assert "<script>window.__pwned = 3</script> changed" in rows.nth(1).inner_text()
+    assert page.evaluate("() => window.__pwned") is None
+    rows.first.locator("details summary").click()
+    assert "Re-recording function=forward" in rows.first.locator("pre").inner_text()
+    page.select_option("select[name=kind]", "")
+    page.wait_for_url(lambda url: "kind=compile_rerecord" not in url)
+    page.wait_for_load_state("networkidle")
+    assert page.locator("#compile-table tbody tr").count() == 3
+
+
 def test_runs_page_compares_two_ticked_runs(visit: Visit, ids: dict[str, int]) -> None:
     page = visit.open("/runs")
     assert page.locator("#runs-table tbody tr").count() == 2
@@ -186,7 +204,7 @@ def test_runs_page_compares_two_ticked_runs(visit: Visit, ids: dict[str, int]) -
 
 
 def test_json_twins_and_health_answer_over_the_real_server(visit: Visit) -> None:
-    for path in ("api/summary", "api/graphs", "api/violations", "api/runs", "healthz"):
+    for path in ("api/summary", "api/graphs", "api/violations", "api/compile", "api/runs", "healthz"):
         body = visit.page.request.get(visit.daemon.url + path).json()
         assert body["ok"] is True, (path, body)
     metrics = visit.page.request.get(visit.daemon.url + "metrics")

@@ -85,9 +85,10 @@ def test_dashboard_asks_for_its_data_source() -> None:
         ("GraphInspectorViolationsIncreasing", "graph_inspector_violations_total"),
         ("GraphInspectorPaddingWasteHigh", "graph_inspector_padded_tokens_total"),
         ("GraphInspectorHitRatioFalling", "graph_inspector_eager_fallbacks_total"),
+        ("GraphInspectorCompileRerecording", "graph_inspector_compile_events_total"),
     ],
 )
-def test_the_three_alerts_exist_and_explain_themselves(alert: str, metric: str) -> None:
+def test_the_alerts_exist_and_explain_themselves(alert: str, metric: str) -> None:
     rule = next(r for r in rules() if r.get("alert") == alert)
     assert metric in rule["expr"]
     assert rule["labels"]["severity"] in {"warning", "critical"}

@@ -70,6 +70,22 @@ def test_violations_page_escapes_untrusted_text(client: FlaskClient, seeded: dic
     assert "0x7f3a2c9f0400" in html
 
 
+def test_compile_page_shows_reasons_escaped_and_the_overview_links_to_it(
+    client: FlaskClient, seeded: dict[str, int]
+) -> None:
+    html = page(client, "/compile")
+    assert html.count('<tr id="compile-') == 3
+    assert "mutated inputs (1 instances)" in html and "<code>forward</code>" in html
+    assert "&lt;script&gt;window.__pwned = 3&lt;/script&gt; changed" in html
+    assert "<script>window.__pwned" not in html
+    assert 'class="active">torch.compile</a>' in html
+    overview = page(client, "/")
+    assert "/compile?kind=compile_skip" in overview and "9 skips" in overview and "5 re-records" in overview
+    assert 'id="compile-note"' not in page(client, f"/?run={seeded['eager_run']}")
+    empty = page(client, f"/compile?run={seeded['eager_run']}")
+    assert "Nothing matches these filters." in empty
+
+
 def test_runs_and_compare_pages(client: FlaskClient, seeded: dict[str, int]) -> None:
     runs = page(client, "/runs")
     assert "llama-1b decode (H200)" in runs and "ci smoke (eager backend)" in runs
@@ -91,7 +107,13 @@ def test_live_run_makes_pages_refresh_themselves(
 
 @pytest.mark.parametrize(
     ("url", "status"),
-    [("/graphs/999999", 404), ("/graphs/abc", 400), ("/violations?kind=nope", 400), ("/nowhere", 404)],
+    [
+        ("/graphs/999999", 404),
+        ("/graphs/abc", 400),
+        ("/violations?kind=nope", 400),
+        ("/compile?kind=nope", 400),
+        ("/nowhere", 404),
+    ],
 )
 def test_bad_page_requests_render_a_readable_error(client: FlaskClient, url: str, status: int) -> None:
     response = client.get(url)

@@ -16,6 +16,8 @@ from capture_core.sizes import EagerReason
 from inspector.metrics import METRICS, PREFIX, InspectorCollector, metrics_table_markdown
 from inspector.recorder import Recorder
 from inspector.store import open_store
+from inspector.watch.flush import upsert_compile_event
+from inspector.watch.watcher import CompileEvent, CompileEventKind
 
 ALLOWED_LABELS = {"mode", "captured_size", "reason", "kind", "state"}
 
@@ -45,6 +47,20 @@ def _record_two_runs(url: str) -> None:
                     ViolationKind.UNEXPECTED_CAPTURE, BatchDescriptor(64, None), PIECEWISE, "m", "late"
                 )
             )
+            assert recorder.flush(timeout=10)
+            run_id = recorder.run_id
+        _hear_compile_events(url, run_id)
+
+
+def _hear_compile_events(url: str, run_id: int) -> None:
+    """What graph-inspector watch writes for torch.compile: 3 re-records of one function, 1 skip."""
+    rerecord = CompileEvent(CompileEventKind.RERECORD, "static input data pointer changed.", "m", "forward")
+    skip = CompileEvent(CompileEventKind.SKIP, "mutated inputs (1 instances)", "m")
+    store = open_store(url)
+    with store.engine.begin() as conn:
+        for event in (rerecord, rerecord, rerecord, skip):
+            upsert_compile_event(conn, run_id, event)
+    store.dispose()
 
 
 def test_scrape_reports_exact_values(db_url: str) -> None:
@@ -64,6 +80,8 @@ def test_scrape_reports_exact_values(db_url: str) -> None:
     assert value(f"{PREFIX}eager_fallbacks_total", {"reason": "above_max_capture_size"}) == 20
     assert value(f"{PREFIX}violations_total", {"kind": "address_drift"}) == 4
     assert value(f"{PREFIX}violations_total", {"kind": "unexpected_capture"}) == 2
+    assert value(f"{PREFIX}compile_events_total", {"kind": "compile_rerecord"}) == 6
+    assert value(f"{PREFIX}compile_events_total", {"kind": "compile_skip"}) == 2
     assert value(f"{PREFIX}replay_hit_ratio") == pytest.approx(80 / 100)
     assert value(f"{PREFIX}padding_waste_ratio") == pytest.approx(60 / (180 + 60 + 160))
     assert value(f"{PREFIX}runs", {"state": "ended"}) == 2
