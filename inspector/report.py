@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import func, select
 
 from inspector.errors import UsageError
-from inspector.models import EagerTotal, Graph, ReplayTotal, Run, Violation
+from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
 from inspector.store import Store
 
 FORMATS = ("text", "json", "junit")
@@ -110,11 +110,35 @@ class RunSummary:
         return f"run {self.id}{label} ({self.host}, rank {self.rank}, pid {self.pid})"
 
 
+@dataclass(frozen=True)
+class CompileNote:
+    """torch.compile skipping or re-recording CUDA graphs in a run: reported, never a failure by itself
+    (a skip is also a ``compile_skip`` violation, and a re-record storm a ``rerecord_storm`` one)."""
+
+    kind: str
+    function: str
+    reason: str
+    count: int
+    where: str
+
+    @property
+    def line(self) -> str:
+        return compile_line(self.kind, self.function, self.count, self.reason)
+
+
+def compile_line(kind: str, function: str, count: int, reason: str) -> str:
+    """One torch.compile record as a line: ``torch.compile re-record in forward x4: <reason>``."""
+    what = kind.removeprefix("compile_").replace("rerecord", "re-record")
+    where = f" in {function}" if function else ""
+    return f"torch.compile {what}{where} x{count}: {reason}"
+
+
 @dataclass
 class Report:
     source: str
     runs: list[RunSummary]
     findings: list[Finding]
+    compile_notes: list[CompileNote] = field(default_factory=list)
     generated_at: float = field(default_factory=time.time)
 
     @property
@@ -200,7 +224,15 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
                     stack=v.stack,
                 )
             )
-    return Report(source=store.display_url, runs=list(runs.values()), findings=findings)
+        notes = [
+            CompileNote(r.kind, r.function, r.reason, r.count, runs[r.run_id].name)
+            for r in session.scalars(
+                select(CompileRecord)
+                .where(CompileRecord.run_id.in_(selected))
+                .order_by(CompileRecord.run_id, CompileRecord.count.desc(), CompileRecord.id)
+            )
+        ]
+    return Report(source=store.display_url, runs=list(runs.values()), findings=findings, compile_notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -222,6 +254,7 @@ def render_text(report: Report) -> str:
         )
         if run.dropped_events:
             lines.append(f"    warning: the recorder dropped {run.dropped_events} event(s) in this run")
+        lines.extend(f"    {note.line}" for note in report.compile_notes if note.where == run.name)
     for finding in report.findings:
         lines.append("")
         lines.append(f"FAIL {finding.title}")
@@ -250,6 +283,7 @@ def render_json(report: Report) -> str:
         "generated_at": report.generated_at,
         "runs": [asdict(run) for run in report.runs],
         "violations": [finding_dict(f) for f in report.findings],
+        "compile_events": [asdict(note) for note in report.compile_notes],
     }
     return json.dumps(payload, indent=2, sort_keys=True) + "\n"
 

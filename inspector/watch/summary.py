@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, select
 
 from inspector.models import CompileRecord, Graph, ReplayWindow, Run, Violation
+from inspector.report import compile_line
 from inspector.store import Store
 
 
@@ -62,9 +63,7 @@ class WatchSummary:
         for kind, count in sorted(self.violations.items()):
             lines.append(f"violations: {kind} x{count}")
         for event in self.compile_events:
-            where = f" in {event.function}" if event.function else ""
-            kind = event.kind.removeprefix("compile_")
-            lines.append(f"torch.compile {kind}{where} x{event.count}: {event.reason}")
+            lines.append(compile_line(event.kind, event.function, event.count, event.reason))
         return "\n".join(lines)
 
 

@@ -17,6 +17,8 @@ from capture_core.events import ViolationEvent, ViolationKind
 from inspector.recorder import Recorder
 from inspector.report import build_report, render_json, render_junit, render_text
 from inspector.store import open_store
+from inspector.watch.flush import upsert_compile_event
+from inspector.watch.watcher import CompileEvent, CompileEventKind
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,6 +72,31 @@ def test_clean_database_reports_ok(db_url: str) -> None:
     assert suite is not None and suite.get("failures") == "0"
     names = [case.get("name") or "" for case in suite.iter("testcase")]
     assert len(names) == 1 and names[0].endswith("no violations")
+
+
+def test_torch_compile_re_records_are_reported_per_run_without_failing_it(db_url: str) -> None:
+    run_id = _record(db_url, violations=False, label="compiled")
+    store = open_store(db_url, upgrade=False)
+    rerecord = CompileEvent(CompileEventKind.RERECORD, "static input data pointer changed.", "m", "forward")
+    with store.engine.begin() as conn:
+        for _ in range(4):
+            upsert_compile_event(conn, run_id, rerecord)
+    report = build_report(store)
+    store.dispose()
+    assert report.ok and report.exit_code == 0
+    text = render_text(report)
+    run_line = next(i for i, line in enumerate(text.splitlines()) if "'compiled'" in line)
+    note = text.splitlines()[run_line + 1]
+    assert note == "    torch.compile re-record in forward x4: static input data pointer changed."
+    assert "OK: no violations in 1 run(s)" in text
+    (event,) = json.loads(render_json(report))["compile_events"]
+    assert event == {
+        "kind": "compile_rerecord",
+        "function": "forward",
+        "reason": "static input data pointer changed.",
+        "count": 4,
+        "where": report.runs[0].name,
+    }
 
 
 def test_violations_become_failing_cases_naming_input_graph_and_addresses(db_url: str) -> None:
