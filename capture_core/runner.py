@@ -5,6 +5,10 @@ largest capture size, then capture one FULL graph per bucket, largest first, ins
 phase, and lock. Each step: the dispatcher picks the bucket (or eager, with the reason, above the
 largest), real values are ``copy_``-ed into the static inputs, the padding rows point at the KV
 cache's spare slot, the graph replays, and the logits are sliced to the real tokens.
+
+With micro-batching on (``ubatch=UBatchConfig(enabled=True)``), every bucket at or above the decode
+token threshold is captured as ONE graph of its micro-batches (``UBatchWrapper``, as vLLM's DBO),
+and every step padded to such a bucket replays it; smaller buckets keep their plain graphs.
 """
 
 from __future__ import annotations
@@ -15,12 +19,20 @@ from typing import Any
 import torch
 
 from capture_core.buffers import BufferSpec, StaticBuffers
+from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
-from capture_core.forward_context import set_forward_context
+from capture_core.forward_context import set_forward_context, use_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime
 from capture_core.sizes import SizeTable
+from capture_core.ubatch.slices import (
+    UBatchConfig,
+    UBatchSlice,
+    check_ubatch_thresholds,
+    maybe_create_ubatch_slices,
+)
+from capture_core.ubatch.wrapper import UBatchWrapper
 from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
 
 INPUT_NAMES = ("input_ids", "positions", "slot_ids")
@@ -33,7 +45,8 @@ class DecodeRunner:
     kv_cache) -> logits[num_tokens, vocab]`` with fixed shapes per token count, ``new_kv_cache()``
     with a spare padding slot at index ``max_num_seqs``, and a ``config`` with ``max_num_seqs``
     and ``device`` (or pass them). ``mode`` must decode in FULL graphs (FULL, FULL_DECODE_ONLY,
-    FULL_AND_PIECEWISE) or be NONE (every step eager).
+    FULL_AND_PIECEWISE) or be NONE (every step eager). ``ubatch`` turns on micro-batching of the
+    buckets at or above its decode token threshold (off by default).
     """
 
     def __init__(
@@ -45,6 +58,7 @@ class DecodeRunner:
         max_num_seqs: int | None = None,
         device: torch.device | str | None = None,
         name: str = "decode",
+        ubatch: UBatchConfig | None = None,
     ) -> None:
         config = getattr(model, "config", None)
         if mode.decode_mode() not in (CUDAGraphMode.FULL, CUDAGraphMode.NONE):
@@ -84,7 +98,23 @@ class DecodeRunner:
             },
             device=self.device,
         )
-        self.graphed = CUDAGraphWrapper(model, runtime, CUDAGraphMode.FULL, name=name)
+        self.ubatch = ubatch if ubatch is not None else UBatchConfig()
+        self.ubatch_slices: dict[int, tuple[UBatchSlice, ...]] = {}
+        """Bucket size -> the micro-batches its graph is captured as (empty: no micro-batching)."""
+        if mode.decode_mode() is CUDAGraphMode.FULL:
+            self.ubatch_slices = {
+                size: _split(size, self.ubatch.num_ubatches)
+                for size in table.sizes
+                if check_ubatch_thresholds(self.ubatch, size, uniform_decode=True)
+                and size >= self.ubatch.num_ubatches > 1
+            }
+        self.graphed: CUDAGraphWrapper | UBatchWrapper
+        if self.ubatch_slices:
+            names = ParameterNames.of(model)
+            token_inputs = [names.name_of(i) for i in range(len(INPUT_NAMES))]
+            self.graphed = UBatchWrapper(model, runtime, name=name, token_inputs=token_inputs)
+        else:
+            self.graphed = CUDAGraphWrapper(model, runtime, CUDAGraphMode.FULL, name=name)
         self._routes = self._route_table()
 
     def _route_table(self) -> list[Dispatch | None]:
@@ -116,7 +146,19 @@ class DecodeRunner:
 
     @property
     def graphs(self) -> Mapping[BatchDescriptor, GraphEntry]:
+        """Every graph this runner holds, by descriptor (micro-batched ones included)."""
+        if isinstance(self.graphed, UBatchWrapper):
+            held: dict[BatchDescriptor, GraphEntry] = dict(self.graphed.plain.graphs)
+            held.update({entry.descriptor: entry for entry in self.graphed.graphs.values()})
+            return held
         return self.graphed.graphs
+
+    def _context(
+        self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_tokens: int
+    ) -> use_forward_context:
+        """The step's forward context: its micro-batches too when its bucket is micro-batched."""
+        slices = self.ubatch_slices.get(descriptor.num_tokens) if mode is CUDAGraphMode.FULL else None
+        return set_forward_context(mode, descriptor, num_tokens, ubatch_slices=slices)
 
     def capture(self) -> None:
         """Capture every bucket's graph, largest first, with a progress bar; then lock capture.
@@ -129,7 +171,7 @@ class DecodeRunner:
 
         def capture_one(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> None:
             views = self.buffers.views(descriptor.num_tokens)
-            with torch.no_grad():
+            with torch.no_grad(), self._context(mode, descriptor, descriptor.num_tokens):
                 self.graphed(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
 
         self.runtime.capture_all(graphs, capture_one, label=f"Capturing {self.graphed.name} graphs")
@@ -150,7 +192,7 @@ class DecodeRunner:
         views = self.buffers.load(
             routed.descriptor.num_tokens, input_ids=input_ids, positions=positions, slot_ids=slot_ids
         )
-        with torch.no_grad(), set_forward_context(routed.mode, routed.descriptor, num_tokens):
+        with torch.no_grad(), self._context(routed.mode, routed.descriptor, num_tokens):
             logits = self.graphed(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
         return logits[:num_tokens]
 
@@ -185,7 +227,7 @@ class DecodeRunner:
         with (
             self.runtime.injected_faults(),
             torch.no_grad(),
-            set_forward_context(routed.mode, routed.descriptor, num_tokens),
+            self._context(routed.mode, routed.descriptor, num_tokens),
         ):
             logits = self.graphed(fresh_ids, views["positions"], views["slot_ids"], self.kv_cache)
         return logits[:num_tokens]
@@ -211,7 +253,7 @@ class DecodeRunner:
         return descriptor
 
     def _uncaptured_descriptor(self) -> BatchDescriptor:
-        held = self.graphed.graphs
+        held = self.graphs
         table = self.dispatcher.sizes
         for size in range(1, table.max_size + 1):
             if size not in table:
@@ -225,8 +267,16 @@ class DecodeRunner:
     def __repr__(self) -> str:
         return (
             f"DecodeRunner(mode={self.mode.name}, sizes={list(self.capture_sizes)}, "
-            f"backend={self.runtime.backend_name}, graphs={len(self.graphed.graphs)})"
+            f"backend={self.runtime.backend_name}, graphs={len(self.graphs)}, "
+            f"ubatched={sorted(self.ubatch_slices)})"
         )
+
+
+def _split(size: int, num_ubatches: int) -> tuple[UBatchSlice, ...]:
+    """A bucket's micro-batches: equal token splits, the last one taking any remainder."""
+    _, slices = maybe_create_ubatch_slices(True, [1] * size, size, size, num_ubatches)
+    assert slices is not None
+    return tuple(slices)
 
 
 def _num_tokens(input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor) -> int:

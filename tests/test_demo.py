@@ -140,6 +140,7 @@ def test_debug_checks_raise_on_the_injected_drift_and_the_demo_still_finishes(tm
         (["--port", "70000"], "--port"),
         (["--mode", "fastest"], "--mode"),
         (["--max-batch", "2000", "--steps", "1"], "--max-batch 2000"),
+        (["--ubatch"], "--ubatch micro-batches decode steps; use it with --mode full_decode_only"),
     ],
 )
 def test_bad_arguments_exit_2_without_a_traceback(tmp_path: Path, args: list[str], message: str) -> None:
@@ -165,6 +166,27 @@ def test_full_decode_only_is_the_decode_only_demo_as_before(tmp_path: Path) -> N
     assert sorted(graphs) == [("full", n, n, 1) for n in POW2_256]
     assert rows(db, "SELECT COUNT(*) FROM eager_fallbacks") == [(0,)]
     assert rows(db, "SELECT SUM(replays) FROM replay_windows") == [(40,)]
+    assert rows(db, "SELECT kind, injected FROM violations ORDER BY kind") == [
+        ("address_drift", 1), ("unexpected_capture", 1)]
+
+
+@pytest.mark.slow
+def test_ubatch_captures_the_big_buckets_as_micro_batched_graphs(tmp_path: Path) -> None:
+    db = tmp_path / "dbo.db"
+    result = run_demo("--no-serve", "--steps", "40", "--backend", "eager", "--mode", "full_decode_only",
+                      "--ubatch", "--db", f"sqlite:///{db}")
+    assert result.returncode == 0, explain(result)
+    announced = "micro-batching: 4 buckets (32, 64, 128, 256) captured as one graph of 2 micro-batches"
+    assert announced in result.stdout
+    graphs = rows(db, "SELECT num_tokens, num_ubatches, ubatch_slices FROM graphs WHERE NOT unexpected")
+    ubatched = {n: (k, slices) for n, k, slices in graphs if k > 1}
+    assert sorted(ubatched) == [32, 64, 128, 256]
+    assert ubatched[32] == (2, "[[0, 16, 0, 16], [16, 32, 16, 32]]")
+    assert sorted(n for n, k, _ in graphs if k == 1) == [1, 2, 4, 8, 16]
+    # The same traffic as without --ubatch (same seed): the steps of 17 tokens or more were split.
+    assert "batch sizes       1..28, mean 15, changed on 56% of steps (22 distinct sizes)" in result.stdout
+    split = rows(db, "SELECT SUM(replays) FROM replay_windows WHERE num_tokens >= 32")[0][0]
+    assert f"micro-batched     {split} of 40 steps ran as 2 micro-batches in one graph" in result.stdout
     assert rows(db, "SELECT kind, injected FROM violations ORDER BY kind") == [
         ("address_drift", 1), ("unexpected_capture", 1)]
 

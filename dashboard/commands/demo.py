@@ -140,6 +140,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "PIECEWISE for steps with prompt chunks), full_decode_only (the decode-only "
                              "demo: decode steps only, from a cold start), piecewise, full, or none (all "
                              f"eager) (default {DEFAULT_MODE})")
+    parser.add_argument("--ubatch", action="store_true",
+                        help="micro-batching (DBO): capture every bucket of 32 tokens or more as one "
+                             f"graph of 2 micro-batches, as vLLM does (with --mode {DECODE_ONLY_MODE})")
     parser.add_argument("--capture-sizes", choices=("pow2", "vllm"), default="pow2",
                         help="capture-size policy: powers of two, or vLLM's default list (default pow2)")
     parser.add_argument("--max-batch", type=_positive_int(MAX_BATCH_LIMIT), default=DEFAULT_MAX_BATCH,
@@ -189,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
             f"and memory addresses. Pass --token (or set {TOKEN_ENV}), or use the default host."
         )
 
+    if args.ubatch and args.mode != DECODE_ONLY_MODE:
+        raise UsageError(f"--ubatch micro-batches decode steps; use it with --mode {DECODE_ONLY_MODE}")
     if not args.no_serve:
         _check_can_listen(args.host, args.port)  # fail now, not after the whole run
     if args.speedup is None:
@@ -345,6 +350,7 @@ def _build_runner(args: argparse.Namespace, backend: str, config: ModelConfig) -
     from capture_core.runner import DecodeRunner
     from capture_core.runtime import GraphRuntime, UnexpectedCapturePolicy
     from capture_core.sizes import capture_sizes
+    from capture_core.ubatch.slices import UBatchConfig
 
     if backend == "eager":
         # The tiny model's kernels are too small to split across threads; on a small shared CPU,
@@ -359,7 +365,8 @@ def _build_runner(args: argparse.Namespace, backend: str, config: ModelConfig) -
     mode = CUDAGraphMode[args.mode.upper()]
     if args.mode == DECODE_ONLY_MODE:
         # As vLLM's decode graphs: keyed by uniform-decode descriptors (one token per request).
-        return DecodeRunner(model, runtime, sizes, mode=mode, max_num_seqs=args.max_batch)
+        ubatch = UBatchConfig(enabled=args.ubatch)
+        return DecodeRunner(model, runtime, sizes, mode=mode, max_num_seqs=args.max_batch, ubatch=ubatch)
     return MixedBatchRunner(model, runtime, sizes, mode)
 
 
@@ -381,6 +388,7 @@ def _run_config(
         "mode": runner.mode.name,
         "capture_policy": args.capture_sizes,
         "capture_sizes": list(_capture_sizes(runner)),
+        "ubatched_sizes": sorted(getattr(runner, "ubatch_slices", {})),
         "max_num_seqs": args.max_batch,
         "address_check": runner.runtime.address_check.value,
         "unexpected_capture": runner.runtime.unexpected_capture.value,
@@ -406,6 +414,10 @@ def _announce(
     print(f"  model: reference decoder '{model_name}' ({runner.model.param_count():,} parameters, "
           f"{str(config.dtype).removeprefix('torch.')}), mode {args.mode}, {len(sizes)} capture sizes "
           f"({args.capture_sizes}: {_size_list(sizes)})")
+    ubatched = sorted(getattr(runner, "ubatch_slices", {}))
+    if ubatched:
+        print(f"  micro-batching: {len(ubatched)} buckets ({_size_list(tuple(ubatched))}) captured as one "
+              f"graph of {runner.ubatch.num_ubatches} micro-batches each (DBO)")
     source = "Azure LLM conversation trace, 2023" if args.trace is None else os.path.basename(trace.source)
     print(f"  traffic: {len(trace):,} real requests ({source}) through continuous batching, up to "
           f"{args.max_batch} running, {args.speedup:g}x speed, seed {args.seed}")
@@ -691,6 +703,12 @@ def _print_summary(store: Any, recorder: Any, runner: Runner, result: DemoResult
           + (f", of which {unexpected} unexpected" if unexpected else "") + f", {memory}")
     print(f"  batch sizes       {stats.min}..{stats.max}, mean {stats.mean:.0f}, changed on "
           f"{100 * stats.changed_share:.0f}% of steps ({stats.distinct} distinct sizes)")
+    ubatched = getattr(runner, "ubatch_slices", {})
+    if ubatched:
+        split = sum(1 for n in result.batch_sizes if n <= runner.dispatcher.sizes.max_size
+                    and runner.route(n).descriptor.num_tokens in ubatched)
+        print(f"  micro-batched     {split} of {result.steps} steps ran as "
+              f"{runner.ubatch.num_ubatches} micro-batches in one graph ({len(ubatched)} buckets)")
     if result.prefill_steps is not None:
         print(f"  step kinds        {result.steps - result.prefill_steps} decode only, "
               f"{result.prefill_steps} with prompt chunks")
