@@ -43,3 +43,23 @@ def test_demo_on_cuda_records_full_and_piecewise_graphs_with_pool_memory(tmp_pat
     assert violations == [("address_drift", 1), ("unexpected_capture", 1)]
     assert replays.get("full", 0) > 0 and replays.get("piecewise", 0) > 0, replays
     assert sum(replays.values()) + eager == 300
+
+
+@pytest.mark.cuda
+def test_demo_on_cuda_with_ubatch_captures_micro_batched_graphs(tmp_path: Path) -> None:
+    db = tmp_path / "dbo.db"
+    result = subprocess.run(
+        [sys.executable, "-m", "dashboard.cli", "demo", "--no-serve", "--steps", "200", "--backend", "cuda",
+         "--mode", "full_decode_only", "--ubatch", "--db", f"sqlite:///{db}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    with sqlite3.connect(db) as conn:
+        graphs = conn.execute(
+            "SELECT num_tokens, num_ubatches, backend, pool_bytes FROM graphs WHERE NOT unexpected"
+        ).fetchall()
+        split = conn.execute("SELECT SUM(replays) FROM replay_windows WHERE num_tokens >= 32").fetchone()[0]
+    assert sorted(n for n, k, _, _ in graphs if k == 2) == [32, 64, 128, 256]
+    assert {backend for _, _, backend, _ in graphs} == {"cuda"}
+    assert max(pool for n, _, _, pool in graphs if n == 256) > 0
+    assert split and f"micro-batched     {split} of 200 steps" in result.stdout
