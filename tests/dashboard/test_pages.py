@@ -47,6 +47,10 @@ def test_graphs_table_links_every_graph_and_labels_the_eager_backend(
     assert f'href="/graphs/{seeded["eager_graph"]}"' in html
     assert "eager backend" in html
     assert page(client, "/graphs?sort=pool_bytes&order=desc").count("<tr>") == 51  # header + 50 rows
+    # The sample's FULL graphs of 128 tokens and more are micro-batched: the list says so.
+    big = page(client, f"/graphs?run={seeded['cuda_run']}&mode=full&sort=size&order=desc&per_page=3")
+    assert big.count('class="badge ubatch"') == 3 and ">2 ubatches<" in big
+    assert 'class="badge ubatch"' not in page(client, f"/graphs?run={seeded['cuda_run']}&mode=piecewise")
 
 
 def test_graph_page_shows_inputs_in_hex_and_its_violation(
