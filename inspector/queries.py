@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Select, case, func, select
+from sqlalchemy import Engine, case, func, select
 from sqlalchemy.orm import Session
 
 from inspector.metrics import LIVE_AFTER_S
@@ -36,6 +36,9 @@ GRAPH_SORTS = {
 
 COMPILE_KINDS = ("compile_skip", "compile_rerecord")
 """What ``graph-inspector watch`` records of torch.compile's cudagraph trees (``compile_events``)."""
+
+VIOLATION_ORDER = (Violation.first_seen_at.desc(), Violation.id.desc())
+"""Violations are listed newest first."""
 
 HISTORY_WINDOWS = 500
 """How many of a graph's most recent replay windows its page charts."""
@@ -96,13 +99,7 @@ class Queries:
     def runs(self, page: int = 1, per_page: int = 50) -> Page:
         """Runs, newest first, each with its graph, memory, traffic and violation totals."""
         with self._session() as session:
-            total = session.scalar(select(func.count(Run.id))) or 0
-            runs = session.scalars(
-                select(Run)
-                .order_by(Run.started_at.desc(), Run.id.desc())
-                .offset((page - 1) * per_page)
-                .limit(per_page)
-            ).all()
+            total, runs = _page_of(session, Run, [], [Run.started_at.desc(), Run.id.desc()], page, per_page)
             items = self._run_rows(session, runs)
         return Page(items, page, per_page, total)
 
@@ -257,20 +254,11 @@ class Queries:
         per_page: int = 50,
     ) -> Page:
         """Captured graphs, filtered and sorted (``sort`` is a key of ``GRAPH_SORTS``)."""
-        filters = []
-        if run_id is not None:
-            filters.append(Graph.run_id == run_id)
-        if mode is not None:
-            filters.append(Graph.mode == mode)
-        if size is not None:
-            filters.append(Graph.num_tokens == size)
+        filters = _equal((Graph.run_id, run_id), (Graph.mode, mode), (Graph.num_tokens, size))
         column = GRAPH_SORTS[sort]
         order = [column.desc() if descending else column.asc(), Graph.id.desc() if descending else Graph.id]
         with self._session() as session:
-            total = session.scalar(select(func.count(Graph.id)).where(*filters)) or 0
-            graphs = session.scalars(
-                select(Graph).where(*filters).order_by(*order).offset((page - 1) * per_page).limit(per_page)
-            ).all()
+            total, graphs = _page_of(session, Graph, filters, order, page, per_page)
             traffic = _traffic_by(session, ReplayTotal.graph_id, graph_ids=[g.id for g in graphs])
             items = [
                 {**_graph_fields(g), "traffic": _traffic(traffic.get((g.id,), Traffic()))} for g in graphs
@@ -291,8 +279,10 @@ class Queries:
                 .limit(HISTORY_WINDOWS)
             ).all()
             violations = session.scalars(
-                _violations_query(run_id=graph.run_id)
-                .where(Violation.descriptor_key == graph.descriptor_key, Violation.mode == graph.mode)
+                select(Violation)
+                .where(Violation.run_id == graph.run_id, Violation.descriptor_key == graph.descriptor_key,
+                       Violation.mode == graph.mode)
+                .order_by(*VIOLATION_ORDER)
                 .limit(20)
             ).all()
             names = json.loads(graph.input_names or "[]")
@@ -328,12 +318,9 @@ class Queries:
         self, *, run_id: int | None = None, kind: str | None = None, page: int = 1, per_page: int = 50
     ) -> Page:
         """Violations, newest first."""
-        query = _violations_query(run_id=run_id, kind=kind)
-        filters = _violation_filters(run_id=run_id, kind=kind)
-        count = select(func.count(Violation.id)).where(*filters)
+        filters = _equal((Violation.run_id, run_id), (Violation.kind, kind))
         with self._session() as session:
-            total = session.scalar(count) or 0
-            rows = session.scalars(query.offset((page - 1) * per_page).limit(per_page)).all()
+            total, rows = _page_of(session, Violation, filters, VIOLATION_ORDER, page, per_page)
             return Page([_violation_fields(v) for v in rows], page, per_page, total)
 
     def violation(self, violation_id: int) -> dict[str, Any] | None:
@@ -347,19 +334,10 @@ class Queries:
         self, *, run_id: int | None = None, kind: str | None = None, page: int = 1, per_page: int = 50
     ) -> Page:
         """torch.compile's skips and re-records, the most repeated first: each with the compiler's reason."""
-        filters = []
-        if run_id is not None:
-            filters.append(CompileRecord.run_id == run_id)
-        if kind is not None:
-            filters.append(CompileRecord.kind == kind)
-        query = (
-            select(CompileRecord)
-            .where(*filters)
-            .order_by(CompileRecord.count.desc(), CompileRecord.last_seen_at.desc(), CompileRecord.id.desc())
-        )
+        filters = _equal((CompileRecord.run_id, run_id), (CompileRecord.kind, kind))
+        order = [CompileRecord.count.desc(), CompileRecord.last_seen_at.desc(), CompileRecord.id.desc()]
         with self._session() as session:
-            total = session.scalar(select(func.count(CompileRecord.id)).where(*filters)) or 0
-            rows = session.scalars(query.offset((page - 1) * per_page).limit(per_page)).all()
+            total, rows = _page_of(session, CompileRecord, filters, order, page, per_page)
             return Page([_compile_fields(r) for r in rows], page, per_page, total)
 
 
@@ -383,18 +361,20 @@ def _size_row(mode: str, size: int) -> dict[str, Any]:
             "a": None, "b": None}
 
 
-def _violation_filters(*, run_id: int | None = None, kind: str | None = None) -> list:
-    filters = []
-    if run_id is not None:
-        filters.append(Violation.run_id == run_id)
-    if kind is not None:
-        filters.append(Violation.kind == kind)
-    return filters
+def _equal(*pairs: tuple[Any, Any]) -> list[Any]:
+    """``column == value`` for every pair whose value is given (None: no filter on that column)."""
+    return [column == value for column, value in pairs if value is not None]
 
 
-def _violations_query(*, run_id: int | None = None, kind: str | None = None) -> Select:
-    filters = _violation_filters(run_id=run_id, kind=kind)
-    return select(Violation).where(*filters).order_by(Violation.first_seen_at.desc(), Violation.id.desc())
+def _page_of(
+    session: Session, model: Any, filters: Sequence[Any], order: Sequence[Any], page: int, per_page: int
+) -> tuple[int, list[Any]]:
+    """How many rows of ``model`` match ``filters``, and the ``page``-th ``per_page`` of them in ``order``."""
+    total = session.scalar(select(func.count(model.id)).where(*filters)) or 0
+    rows = session.scalars(
+        select(model).where(*filters).order_by(*order).offset((page - 1) * per_page).limit(per_page)
+    ).all()
+    return total, list(rows)
 
 
 def _traffic_by(

@@ -41,6 +41,17 @@ def run_quick(name: str, folder: Path) -> tuple[dict, str]:
     return payload, proc.stdout
 
 
+def summarize(folder: Path) -> subprocess.CompletedProcess[str]:
+    """``bench/summarize.py FOLDER`` as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "bench/summarize.py", str(folder)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.fixture(scope="module")
 def quick_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tuple[dict, str]]]:
     """The three benchmarks' --quick runs, once for this module, into one results folder."""
@@ -127,13 +138,7 @@ def test_ubatch_quick_compares_overlapped_and_in_line_graphs_of_the_same_split(t
         assert len(cases) == 2 and all("overlap" not in c for c in cases)
         assert any("overlap figures" in n for n in payload["notes"])
     assert "Summary (medians, ms; comm hidden" in stdout
-    summary = subprocess.run(
-        [sys.executable, "bench/summarize.py", str(tmp_path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    summary = summarize(tmp_path)
     assert summary.returncode == 0, summary.stderr
     assert "Micro-batching, tiny (0.1M params), 16 tokens in 2 ubatches (medians)" in summary.stdout
     lines = summary.stdout.splitlines()
@@ -164,13 +169,7 @@ def test_ubatch_bad_options_get_one_line_errors(option: list[str], message: str,
 
 def test_summarize_turns_the_results_folder_into_markdown(quick_results) -> None:
     folder, results = quick_results
-    proc = subprocess.run(
-        [sys.executable, "bench/summarize.py", str(folder)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = summarize(folder)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "| benchmark | command | machine | date (UTC) | figures | targets |"
@@ -188,13 +187,7 @@ def test_summarize_turns_the_results_folder_into_markdown(quick_results) -> None
 
 
 def test_summarize_refuses_a_folder_without_results(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "bench/summarize.py", str(tmp_path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = summarize(tmp_path)
     assert proc.returncode == 2
     assert "no benchmark JSON" in proc.stderr
 
