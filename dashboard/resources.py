@@ -6,6 +6,7 @@ presentation. Every function raises a werkzeug HTTPException (400/404) for a bad
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,12 +76,17 @@ def graph(raw_id: str) -> Resource:
     return Resource(found)
 
 
-def violations() -> Resource:
+def _by_run_and_kind(kinds: tuple[str, ...], fetch: Callable[..., Page]) -> Resource:
+    """A listing filtered by ``?run=`` and ``?kind=`` (one of ``kinds``), one page of it."""
     run_id = _run_filter()
-    kind = choice_arg("kind", VIOLATION_KINDS)
+    kind = choice_arg("kind", kinds)
     page, per_page = pagination()
-    listing = queries().violations(run_id=run_id, kind=kind, page=page, per_page=per_page)
+    listing = fetch(run_id=run_id, kind=kind, page=page, per_page=per_page)
     return Resource.from_page(listing, filters={"run": run_id, "kind": kind})
+
+
+def violations() -> Resource:
+    return _by_run_and_kind(VIOLATION_KINDS, queries().violations)
 
 
 def violation(raw_id: str) -> Resource:
@@ -92,11 +98,7 @@ def violation(raw_id: str) -> Resource:
 
 
 def compile_events() -> Resource:
-    run_id = _run_filter()
-    kind = choice_arg("kind", COMPILE_KINDS)
-    page, per_page = pagination()
-    listing = queries().compile_events(run_id=run_id, kind=kind, page=page, per_page=per_page)
-    return Resource.from_page(listing, filters={"run": run_id, "kind": kind})
+    return _by_run_and_kind(COMPILE_KINDS, queries().compile_events)
 
 
 def runs() -> Resource:
