@@ -56,6 +56,22 @@ class GraphEntry:
         """Input name -> captured address."""
         return dict(zip(self.layout.names, self.layout.addresses, strict=True))
 
+    def capture_event(self, wrapper: str, backend: str, warmup_iters: int) -> CaptureEvent:
+        """What the observer is told of this graph's capture."""
+        return CaptureEvent(
+            descriptor=self.descriptor,
+            mode=self.mode,
+            backend=backend,
+            wrapper=wrapper,
+            input_names=self.layout.names,
+            input_addresses=self.layout.addresses,
+            capture_seconds=self.capture_seconds,
+            pool_bytes=self.pool_bytes,
+            warmup_iters=warmup_iters,
+            unexpected=self.unexpected,
+            captured_at=self.captured_at,
+        )
+
 
 class CUDAGraphWrapper:
     """Serve ``runnable`` from CUDA graphs (or the eager stand-in) keyed by ``BatchDescriptor``."""
@@ -141,21 +157,7 @@ class CUDAGraphWrapper:
         )
         self._graphs[descriptor] = entry
         self._by_identity[id(descriptor)] = entry
-        runtime.report_capture(
-            CaptureEvent(
-                descriptor=descriptor,
-                mode=mode,
-                backend=runtime.backend_name,
-                wrapper=self.name,
-                input_names=layout.names,
-                input_addresses=layout.addresses,
-                capture_seconds=graph.capture_seconds,
-                pool_bytes=graph.pool_bytes,
-                warmup_iters=runtime.warmup_iters,
-                unexpected=unexpected,
-                captured_at=entry.captured_at,
-            )
-        )
+        runtime.report_capture(entry.capture_event(self.name, runtime.backend_name, runtime.warmup_iters))
         return entry
 
     def __repr__(self) -> str:

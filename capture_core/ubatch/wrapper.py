@@ -14,6 +14,7 @@ graphs: this module only decides what one "call" of the captured callable is.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +54,14 @@ class UBatchGraphEntry(GraphEntry):
     @property
     def num_ubatches(self) -> int:
         return len(self.ubatch_slices)
+
+    def capture_event(self, wrapper: str, backend: str, warmup_iters: int) -> CaptureEvent:
+        """The plain graph's capture event, with the micro-batches it was captured as."""
+        return dataclasses.replace(
+            super().capture_event(wrapper, backend, warmup_iters),
+            num_ubatches=self.num_ubatches,
+            ubatch_slices=tuple(s.as_tuple() for s in self.ubatch_slices),
+        )
 
 
 @dataclass(frozen=True)
@@ -274,23 +283,7 @@ class UBatchWrapper:
             ubatch_slices=slices,
         )
         self._graphs[num_tokens] = entry
-        runtime.report_capture(
-            CaptureEvent(
-                descriptor=context.descriptor,
-                mode=FULL,
-                backend=runtime.backend_name,
-                wrapper=self.name,
-                input_names=layout.names,
-                input_addresses=layout.addresses,
-                capture_seconds=graph.capture_seconds,
-                pool_bytes=graph.pool_bytes,
-                warmup_iters=runtime.warmup_iters,
-                num_ubatches=len(slices),
-                ubatch_slices=tuple(s.as_tuple() for s in slices),
-                unexpected=unexpected,
-                captured_at=entry.captured_at,
-            )
-        )
+        runtime.report_capture(entry.capture_event(self.name, runtime.backend_name, runtime.warmup_iters))
         return entry
 
     def _step(self, context: ForwardContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -> _UBatchedStep:
