@@ -52,6 +52,18 @@ def summarize(folder: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def run_gpu(out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``bench/run_gpu.sh OUT`` as a user runs it, with ``env`` (BENCH_ONLY, BENCH_EXTRA)."""
+    return subprocess.run(
+        ["bash", "bench/run_gpu.sh", str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
 @pytest.fixture(scope="module")
 def quick_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tuple[dict, str]]]:
     """The three benchmarks' --quick runs, once for this module, into one results folder."""
@@ -194,14 +206,7 @@ def test_summarize_refuses_a_folder_without_results(tmp_path: Path) -> None:
 
 def test_run_gpu_continues_past_failures_and_summarises(tmp_path: Path) -> None:
     env = {**os.environ, "BENCH_ONLY": "gpu_overhead gpu_capture", "BENCH_EXTRA": "--no-such-option"}
-    proc = subprocess.run(
-        ["bash", "bench/run_gpu.sh", str(tmp_path / "out")],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = run_gpu(tmp_path / "out", env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = proc.stdout[proc.stdout.index("GPU benchmarks:") :]
     assert "gpu_overhead   FAILED (exit 2)" in summary
@@ -213,14 +218,7 @@ def test_run_gpu_continues_past_failures_and_summarises(tmp_path: Path) -> None:
 
 def test_run_gpu_passes_when_every_selected_benchmark_succeeds(tmp_path: Path) -> None:
     env = {**os.environ, "BENCH_ONLY": "gpu_overhead", "BENCH_EXTRA": "--quick"}
-    proc = subprocess.run(
-        ["bash", "bench/run_gpu.sh", str(tmp_path / "out")],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = run_gpu(tmp_path / "out", env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gpu_overhead   ok" in proc.stdout
     assert json.loads((tmp_path / "out" / "gpu_overhead.json").read_text())["benchmark"] == "gpu_overhead"
