@@ -9,7 +9,7 @@ import time
 
 import pytest
 from sqlalchemy import create_engine, func, select
-from workers import FULL, PIECEWISE, capture, drift
+from workers import FULL, PIECEWISE, capture, drift, fetch_rows
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher
@@ -39,15 +39,6 @@ def _scalar(url: str, statement):
         engine.dispose()
 
 
-def _rows(url: str, statement) -> list:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return list(conn.execute(statement).all())
-    finally:
-        engine.dispose()
-
-
 def test_replay_windows_sum_to_exactly_what_was_replayed(db_url: str) -> None:
     d4, d8 = BatchDescriptor(4, 4, True), BatchDescriptor(8, None)
     with Recorder(db_url, flush_interval=0.05) as recorder:
@@ -61,7 +52,7 @@ def test_replay_windows_sum_to_exactly_what_was_replayed(db_url: str) -> None:
             assert recorder.flush(timeout=10)
         run_id = recorder.run_id
     assert recorder.dropped == 0
-    windows = _rows(
+    windows = fetch_rows(
         db_url,
         select(
             ReplayWindow.mode,
@@ -79,7 +70,7 @@ def test_replay_windows_sum_to_exactly_what_was_replayed(db_url: str) -> None:
         ("piecewise", 500, real_piecewise, 8 * 500 - real_piecewise),
     ]
     assert all(w[4] >= 5 for w in windows), "one window per flush at least"
-    totals = _rows(
+    totals = fetch_rows(
         db_url,
         select(
             ReplayTotal.mode, ReplayTotal.replays, ReplayTotal.real_tokens, ReplayTotal.padded_tokens
@@ -88,15 +79,15 @@ def test_replay_windows_sum_to_exactly_what_was_replayed(db_url: str) -> None:
     assert [tuple(t) for t in totals] == [tuple(w[:4]) for w in windows]
     unlinked = _scalar(db_url, select(func.count()).where(ReplayWindow.graph_id.is_(None)))
     assert unlinked == 0
-    eager = _rows(db_url, select(func.sum(EagerFallback.batches), func.sum(EagerFallback.tokens)))
+    eager = fetch_rows(db_url, select(func.sum(EagerFallback.batches), func.sum(EagerFallback.tokens)))
     assert tuple(eager[0]) == (5, 1500)
-    assert tuple(_rows(db_url, select(EagerTotal.reason, EagerTotal.mode, EagerTotal.batches))[0]) == (
+    assert tuple(fetch_rows(db_url, select(EagerTotal.reason, EagerTotal.mode, EagerTotal.batches))[0]) == (
         "above_max_capture_size",
         "piecewise",
         5,
     )
     sizes = dict(
-        _rows(
+        fetch_rows(
             db_url,
             select(BatchSizeCount.num_tokens, func.sum(BatchSizeCount.batches)).group_by(
                 BatchSizeCount.num_tokens
@@ -115,7 +106,7 @@ def test_run_row_describes_the_process(db_url: str, monkeypatch: pytest.MonkeyPa
         assert _scalar(db_url, select(Run.backend)) == "unknown"
         recorder.on_capture(capture(BatchDescriptor(2, 2, True)))
         assert recorder.flush(timeout=10)
-    run = _rows(
+    run = fetch_rows(
         db_url,
         select(
             Run.label,
@@ -145,10 +136,9 @@ def test_captures_and_violations_are_written_without_waiting_for_the_window(db_u
             if _scalar(db_url, select(func.count()).select_from(Violation)) == 1:
                 break
             time.sleep(0.02)
-        graph = _rows(db_url, select(Graph.num_tokens, Graph.input_names, Graph.input_addresses, Graph.mode))[
-            0
-        ]
-        violation = _rows(
+        columns = (Graph.num_tokens, Graph.input_names, Graph.input_addresses, Graph.mode)
+        graph = fetch_rows(db_url, select(*columns))[0]
+        violation = fetch_rows(
             db_url,
             select(
                 Violation.kind,
@@ -172,7 +162,7 @@ def test_repeated_violations_bump_one_row(db_url: str) -> None:
             recorder.on_violation(drift(descriptor, actual=0x5000))
         recorder.on_violation(drift(descriptor, actual=0x6000))
         recorder.on_violation(drift(descriptor, actual=0x5000, name="positions"))
-    rows = _rows(
+    rows = fetch_rows(
         db_url,
         select(
             Violation.input_name,

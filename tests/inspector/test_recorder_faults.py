@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import workers
-from sqlalchemy import create_engine, func, select
-from workers import FULL, capture, drift
+from sqlalchemy import func, select
+from workers import FULL, capture, drift, fetch_rows
 
 from capture_core.descriptor import BatchDescriptor
 from inspector.models import Graph, ReplayTotal, ReplayWindow, Run, Violation
@@ -26,15 +26,6 @@ from inspector.store import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-
-
-def _query(url: str, statement) -> list:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return list(conn.execute(statement).all())
-    finally:
-        engine.dispose()
 
 
 def _child_env() -> dict[str, str]:
@@ -62,9 +53,9 @@ def test_locked_database_is_waited_out_without_loss(tmp_path: Path) -> None:
     assert recorder.flush(timeout=20)
     recorder.close()
     assert recorder.dropped == 0
-    assert _query(url, select(func.sum(ReplayWindow.replays)))[0][0] == 1000
-    assert _query(url, select(Violation.actual_address))[0][0] == 0x9000
-    assert _query(url, select(func.count()).select_from(Graph))[0][0] == 1
+    assert fetch_rows(url, select(func.sum(ReplayWindow.replays)))[0][0] == 1000
+    assert fetch_rows(url, select(Violation.actual_address))[0][0] == 0x9000
+    assert fetch_rows(url, select(func.count()).select_from(Graph))[0][0] == 1
 
 
 def test_start_while_locked_returns_and_writes_the_run_once_unlocked(tmp_path: Path) -> None:
@@ -83,7 +74,7 @@ def test_start_while_locked_returns_and_writes_the_run_once_unlocked(tmp_path: P
     assert recorder.flush(timeout=20)
     recorder.close()
     assert recorder.run_id is not None and recorder.dropped == 0
-    assert _query(url, select(func.count()).select_from(Violation))[0][0] == 1
+    assert fetch_rows(url, select(func.count()).select_from(Violation))[0][0] == 1
 
 
 def test_events_beyond_the_pending_bound_are_counted_and_reported_once_writable(tmp_path: Path) -> None:
@@ -106,8 +97,8 @@ def test_events_beyond_the_pending_bound_are_counted_and_reported_once_writable(
     assert recorder.flush(timeout=20)
     recorder.close()
     assert recorder.dropped == 3
-    assert _query(url, select(func.count()).select_from(Violation))[0][0] == 2
-    assert _query(url, select(Run.dropped_events))[0][0] == 3
+    assert fetch_rows(url, select(func.count()).select_from(Violation))[0][0] == 2
+    assert fetch_rows(url, select(Run.dropped_events))[0][0] == 3
 
 
 UNWRITABLE_CHILD = """
@@ -165,7 +156,7 @@ def test_unwritable_database_never_raises_and_counts_what_it_dropped(tmp_path: P
     # The capture, the violation, one replay window and one batch-size row.
     assert report["dropped"] == 4, result.stderr
     assert "cannot write" in result.stderr and "dropped" in result.stderr
-    assert _query(f"sqlite:///{path}", select(func.count()).select_from(Violation))[0][0] == 0
+    assert fetch_rows(f"sqlite:///{path}", select(func.count()).select_from(Violation))[0][0] == 0
 
 
 def test_vanished_database_file_is_recreated_and_recording_goes_on(
@@ -186,9 +177,9 @@ def test_vanished_database_file_is_recreated_and_recording_goes_on(
     recorder.close()
     assert "vanished" in caplog.text
     assert path.exists()
-    assert _query(url, select(func.count()).select_from(Graph))[0][0] == 1, "known graphs are re-recorded"
-    assert _query(url, select(ReplayWindow.replays, ReplayWindow.graph_id.is_not(None)))[0] == (10, True)
-    assert _query(url, select(func.count()).select_from(Violation))[0][0] == 1
+    assert fetch_rows(url, select(func.count()).select_from(Graph))[0][0] == 1, "known graphs are re-recorded"
+    assert fetch_rows(url, select(ReplayWindow.replays, ReplayWindow.graph_id.is_not(None)))[0] == (10, True)
+    assert fetch_rows(url, select(func.count()).select_from(Violation))[0][0] == 1
     assert recorder.dropped == 0
 
 
@@ -223,8 +214,8 @@ def test_folder_that_comes_back_gets_a_new_database_with_the_known_graphs(tmp_pa
     assert recorder.flush(timeout=20)
     recorder.close()
     assert recorder.dropped == 0
-    assert _query(url, select(Graph.num_tokens))[0][0] == 2
-    assert _query(url, select(ReplayWindow.replays, ReplayWindow.graph_id.is_not(None)))[0] == (1, True)
+    assert fetch_rows(url, select(Graph.num_tokens))[0][0] == 2
+    assert fetch_rows(url, select(ReplayWindow.replays, ReplayWindow.graph_id.is_not(None)))[0] == (1, True)
 
 
 def test_a_malformed_event_is_dropped_and_recording_goes_on(sqlite_url: str) -> None:
@@ -234,7 +225,7 @@ def test_a_malformed_event_is_dropped_and_recording_goes_on(sqlite_url: str) -> 
         recorder.on_violation(drift(descriptor, actual=0x5000))
         assert recorder.flush(timeout=10)
     assert recorder.dropped == 1
-    assert _query(sqlite_url, select(Violation.actual_address))[0][0] == 0x5000
+    assert fetch_rows(sqlite_url, select(Violation.actual_address))[0][0] == 0x5000
 
 
 EXITING_CHILD = """
@@ -263,9 +254,9 @@ def test_process_exit_without_close_flushes_the_last_window(tmp_path: Path) -> N
         cwd=REPO,
     )
     assert result.returncode == 0, result.stderr
-    assert _query(url, select(func.sum(ReplayWindow.replays)))[0][0] == 100
-    assert _query(url, select(func.count()).select_from(Violation))[0][0] == 1
-    assert _query(url, select(Run.ended_at))[0][0] is not None
+    assert fetch_rows(url, select(func.sum(ReplayWindow.replays)))[0][0] == 100
+    assert fetch_rows(url, select(func.count()).select_from(Violation))[0][0] == 1
+    assert fetch_rows(url, select(Run.ended_at))[0][0] is not None
 
 
 @pytest.mark.slow
@@ -277,15 +268,17 @@ def test_four_processes_recording_into_one_database_lose_nothing(db_url: str) ->
             workers.record_traffic, [(db_url, rank, replays_per_size, violations) for rank in range(4)]
         )
     assert [r["dropped"] for r in results] == [0, 0, 0, 0]
-    runs = _query(db_url, select(Run.id, Run.rank, Run.ended_at).order_by(Run.rank))
+    runs = fetch_rows(db_url, select(Run.id, Run.rank, Run.ended_at).order_by(Run.rank))
     assert [r.rank for r in runs] == [0, 1, 2, 3] and all(r.ended_at for r in runs)
     for run in runs:
-        replays = _query(db_url, select(func.sum(ReplayWindow.replays)).where(ReplayWindow.run_id == run.id))
-        totals = _query(db_url, select(func.sum(ReplayTotal.replays)).where(ReplayTotal.run_id == run.id))
-        found = _query(
+        replays = fetch_rows(
+            db_url, select(func.sum(ReplayWindow.replays)).where(ReplayWindow.run_id == run.id)
+        )
+        totals = fetch_rows(db_url, select(func.sum(ReplayTotal.replays)).where(ReplayTotal.run_id == run.id))
+        found = fetch_rows(
             db_url, select(func.count(), func.sum(Violation.count)).where(Violation.run_id == run.id)
         )
-        graphs = _query(db_url, select(func.count()).select_from(Graph).where(Graph.run_id == run.id))
+        graphs = fetch_rows(db_url, select(func.count()).select_from(Graph).where(Graph.run_id == run.id))
         assert replays[0][0] == totals[0][0] == replays_per_size * len(workers.SIZES)
         assert tuple(found[0]) == (violations, violations)
         assert graphs[0][0] == len(workers.SIZES)
@@ -318,13 +311,13 @@ def test_sigkill_keeps_everything_flushed_before_it(db_url: str, tmp_path: Path)
     committed = json.loads(ledger.read_text().splitlines()[-1])
     store = open_store(db_url)  # the database still opens (and is still at head) after the kill
     store.dispose()
-    violations = _query(db_url, select(func.count(), func.sum(Violation.count)))[0]
-    replays = _query(db_url, select(func.sum(ReplayWindow.replays)))[0][0]
-    totals = _query(db_url, select(func.sum(ReplayTotal.replays)))[0][0]
+    violations = fetch_rows(db_url, select(func.count(), func.sum(Violation.count)))[0]
+    replays = fetch_rows(db_url, select(func.sum(ReplayWindow.replays)))[0][0]
+    totals = fetch_rows(db_url, select(func.sum(ReplayTotal.replays)))[0][0]
     assert violations[0] >= committed["violations"] and violations[0] == violations[1]
     assert replays >= committed["replays"]
     assert replays == totals, "windows and running totals are written in one transaction"
-    assert _query(db_url, select(Run.ended_at))[0][0] is None, "a killed run never ended"
+    assert fetch_rows(db_url, select(Run.ended_at))[0][0] is None, "a killed run never ended"
     if db_url.startswith("sqlite"):
-        integrity = _query(db_url, select(func.count()).select_from(Run))
+        integrity = fetch_rows(db_url, select(func.count()).select_from(Run))
         assert integrity[0][0] == 1

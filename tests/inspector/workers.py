@@ -1,4 +1,5 @@
-"""Code the recorder tests run in other processes (spawned workers and killed children).
+"""Code the recorder tests run in other processes (spawned workers and killed children), and the
+events and queries they share.
 
 It lives in its own module so that ``multiprocessing``'s spawn start method can import it.
 """
@@ -9,6 +10,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent, ViolationKind
@@ -101,3 +103,15 @@ def record_until_killed(url: str, ledger_path: str) -> None:
 
 if __name__ == "__main__":
     record_until_killed(sys.argv[1], sys.argv[2])
+
+
+def fetch_rows(url: str, statement: Any) -> list:
+    """Run one SELECT against the database at ``url`` on a fresh engine; every row."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(statement).all())
+    finally:
+        engine.dispose()
