@@ -27,8 +27,8 @@ import torch
 from bench.common import command_line, print_table, write_results
 from capture_core.checks import AddressCheckMode, InputLayout, ParameterNames
 from capture_core.forward_context import ForwardContext, use_forward_context
-from capture_core.model import ModelConfig, ReferenceDecoder
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import ModelConfig, ReferenceDecoder
 from capture_core.runner import DecodeRunner
 from capture_core.runtime import GraphRuntime
 

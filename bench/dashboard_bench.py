@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from bench.common import command_line, print_table, print_targets, target, write_results
-from dashboard.daemon import Daemon
-from dashboard.sample import seed_bulk
 from inspector.store import open_store
+from tests.support.daemon import Daemon
+from tests.support.sample import seed_bulk
 
 PAGE_TARGET_MS = 200.0
 METRICS_TARGET_MS = 100.0

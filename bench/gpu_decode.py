@@ -68,8 +68,8 @@ from bench.common import (
 from capture_core.backends import EagerBackend
 from capture_core.checks import AddressCheckMode
 from capture_core.events import GraphObserver
-from capture_core.model import ModelConfig, ReferenceDecoder
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import ModelConfig, ReferenceDecoder
 from capture_core.runner import DecodeRunner
 from capture_core.runtime import GraphRuntime
 from capture_core.sizes import power_of_two_sizes

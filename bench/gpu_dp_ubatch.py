@@ -67,8 +67,9 @@ from bench.common import (
 )
 from capture_core.descriptor import BatchDescriptor
 from capture_core.forward_context import set_forward_context
-from capture_core.model import ModelConfig, ReferenceDecoder
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import ModelConfig, ReferenceDecoder
+from capture_core.reference.overlap import CommOverlapDecoder
 from capture_core.runtime import GraphRuntime
 from capture_core.sizes import SizeTable
 from capture_core.ubatch.context import (
@@ -76,7 +77,6 @@ from capture_core.ubatch.context import (
     dbo_yield_and_switch_from_compute_to_comm,
 )
 from capture_core.ubatch.dp import DPCoordination, coordinate_batch_across_dp
-from capture_core.ubatch.overlap import CommOverlapDecoder
 from capture_core.ubatch.slices import UBatchConfig, UBatchSlices, maybe_create_ubatch_slices
 from capture_core.ubatch.wrapper import UBatchWrapper
 from capture_core.wrapper import CUDAGraphWrapper

@@ -50,8 +50,8 @@ from bench.common import (
 from capture_core.backends import pool_reserved_bytes
 from capture_core.events import CaptureEvent, NullObserver
 from capture_core.mixed_runner import MixedBatchRunner
-from capture_core.model import FlatBatch, ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import FlatBatch, ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.runtime import GraphRuntime
 from capture_core.sizes import power_of_two_sizes
 

@@ -64,11 +64,11 @@ from bench.common import (
 from bench.timeline import Activity, breakdown, overlap_seen, read_chrome_trace
 from capture_core.descriptor import BatchDescriptor
 from capture_core.forward_context import set_forward_context
-from capture_core.model import ModelConfig, ReferenceDecoder
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import ModelConfig, ReferenceDecoder
+from capture_core.reference.overlap import SPIN_KERNEL_NAME, CommOverlapDecoder
 from capture_core.runtime import GraphRuntime
 from capture_core.ubatch.dp import coordinate_batch_across_dp
-from capture_core.ubatch.overlap import SPIN_KERNEL_NAME, CommOverlapDecoder
 from capture_core.ubatch.slices import UBatchConfig, maybe_create_ubatch_slices
 from capture_core.ubatch.wrapper import UBatchWrapper
 from capture_core.wrapper import CUDAGraphWrapper

@@ -51,7 +51,7 @@ from bench.common import (
     target,
     write_results,
 )
-from capture_core.model import ModelConfig, ReferenceDecoder
+from capture_core.reference import ModelConfig, ReferenceDecoder
 from inspector import watch
 from inspector.store import open_store
 from inspector.watch.summary import WatchSummary, watch_summary

@@ -4,7 +4,7 @@ Every batch that replays a graph is padded up to a capture size; the padding is 
 away. This measures how much, per policy, on three kinds of traffic:
 
 * trace: the demo's traffic, the Azure conversation trace through continuous batching
-  (``capture_core.traffic``) at several speedups, so decode batches span 1..max;
+  (``capture_core.reference``) at several speedups, so decode batches span 1..max;
 * demo: exactly the traffic of ``graph-inspector demo`` with its defaults (a cold start);
 * mixed: the same trace with chunked prefill, whose token counts often exceed the largest capture
   size and run eagerly: this is where the hit rate (share of steps that replay) differs;
@@ -31,8 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from capture_core.sizes import SizeTable, capture_sizes
-from capture_core.traffic import (
+from capture_core.reference import (
     PaddingStats,
     TrafficConfig,
     batch_size_histogram,
@@ -41,6 +40,7 @@ from capture_core.traffic import (
     load_trace,
     padding_stats,
 )
+from capture_core.sizes import SizeTable, capture_sizes
 from dashboard.commands.demo import DEFAULT_SPEEDUP as DEMO_SPEEDUP
 from dashboard.commands.demo import DEFAULT_STEPS as DEMO_STEPS
 from dashboard.commands.demo import STEP_SECONDS as DEMO_STEP_SECONDS

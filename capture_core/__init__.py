@@ -3,13 +3,16 @@
 The public surface, in the order a decode loop meets it: modes and descriptors (the graph key),
 capture sizes and the dispatcher (which graph a batch replays), the forward context, the runtime
 (shared pool, capture lock, checks, observer), the wrapper, static buffers and the decode runner;
-then piecewise graphs for mixed batches, the reference decoder and the traffic model. Micro-
-batching lives in the ``capture_core.ubatch`` subpackage (imported here as ``ubatch``).
+then piecewise graphs for mixed batches. Micro-batching lives in the ``capture_core.ubatch``
+subpackage (imported here as ``ubatch``); the reference workload (a decoder with random weights, a
+real serving trace and a continuous-batching scheduler) in ``capture_core.reference``, outside the
+cache's surface.
 
 A decode loop on the graph cache (CUDA graphs on a GPU, the eager stand-in elsewhere)::
 
     import torch
-    from capture_core import DecodeRunner, GraphRuntime, ModelConfig, ReferenceDecoder
+    from capture_core import DecodeRunner, GraphRuntime
+    from capture_core.reference import ModelConfig, ReferenceDecoder
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = ReferenceDecoder(ModelConfig.tiny(max_num_seqs=8, max_seq_len=32, device=device))
@@ -70,13 +73,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "set_forward_context",
         "use_forward_context",
     ),
-    "capture_core.model": (
-        "AttentionMetadata",
-        "FlatBatch",
-        "ModelConfig",
-        "ReferenceDecoder",
-        "flatten_requests",
-    ),
     "capture_core.mixed_runner": ("MixedBatchRunner",),
     "capture_core.modes": ("CUDAGraphMode",),
     "capture_core.piecewise": (
@@ -105,7 +101,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "validate_sizes",
         "vllm_default_sizes",
     ),
-    "capture_core.traffic": (
+    "capture_core.reference": (
         "BatchSizeStats",
         "ContinuousBatchScheduler",
         "PaddingStats",

@@ -22,9 +22,9 @@ sys.path.insert(0, str(REPO))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from dashboard.daemon import Daemon  # noqa: E402
-from dashboard.sample import seed_sample  # noqa: E402
 from inspector.store import open_store  # noqa: E402
+from tests.support.daemon import Daemon  # noqa: E402
+from tests.support.sample import seed_sample  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]

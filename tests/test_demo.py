@@ -333,10 +333,15 @@ def test_the_demo_s_mixed_steps_give_the_eager_model_s_logits_step_after_step() 
     import torch
 
     from capture_core.mixed_runner import MixedBatchRunner
-    from capture_core.model import ModelConfig, ReferenceDecoder
     from capture_core.modes import CUDAGraphMode
+    from capture_core.reference import (
+        ContinuousBatchScheduler,
+        ModelConfig,
+        ReferenceDecoder,
+        TrafficConfig,
+        load_trace,
+    )
     from capture_core.runtime import GraphRuntime
-    from capture_core.traffic import ContinuousBatchScheduler, TrafficConfig, load_trace
     from dashboard.commands.demo import _MixedInputs, _shorter_prompts, _token_budget
 
     budget = _token_budget(16)

@@ -2,8 +2,9 @@
 
 ``slices`` holds the arithmetic (where to split, whether to), ``context`` the turn-taking ubatch
 threads and their streams, ``wrapper`` the graph wrapper that captures all ubatches into one graph,
-``dp`` the per-step agreement between data-parallel ranks, and ``overlap`` the reference decoder
-with a communication step per layer, the workload micro-batching exists for.
+and ``dp`` the per-step agreement between data-parallel ranks. The reference decoder with a
+communication step per layer, the workload micro-batching exists for, is
+``capture_core.reference.overlap``.
 """
 
 from capture_core.ubatch.context import (
@@ -25,7 +26,6 @@ from capture_core.ubatch.context import (
     make_ubatch_contexts,
 )
 from capture_core.ubatch.dp import DPCoordination, DPCoordinationError, coordinate_batch_across_dp
-from capture_core.ubatch.overlap import CommOverlapDecoder
 from capture_core.ubatch.slices import (
     UBatchConfig,
     UBatchSlice,
@@ -37,7 +37,6 @@ from capture_core.ubatch.slices import (
 from capture_core.ubatch.wrapper import UBatchGraphEntry, UBatchWrapper
 
 __all__ = [
-    "CommOverlapDecoder",
     "DPCoordination",
     "DPCoordinationError",
     "UBatchAbortedError",

@@ -28,9 +28,8 @@ if TYPE_CHECKING:
     import torch
 
     from capture_core.mixed_runner import MixedBatchRunner
-    from capture_core.model import FlatBatch, ModelConfig
+    from capture_core.reference import FlatBatch, ModelConfig, Step, Trace
     from capture_core.runner import DecodeRunner
-    from capture_core.traffic import Step, Trace
 
     Runner = DecodeRunner | MixedBatchRunner
 
@@ -274,7 +273,7 @@ def _choose_backend(choice: str) -> str:
 
 
 def _load_trace(path: str | None) -> Any:
-    from capture_core.traffic import TraceError, load_trace
+    from capture_core.reference import TraceError, load_trace
     from inspector.errors import UsageError
 
     try:
@@ -288,7 +287,7 @@ def _shorter_prompts(trace: Trace) -> Trace:
     """The same arrivals and answers with prompts ``PROMPT_SCALE`` times shorter (at least 1 token)."""
     from dataclasses import replace
 
-    from capture_core.traffic import Trace
+    from capture_core.reference import Trace
 
     requests = tuple(replace(r, context_tokens=max(1, round(r.context_tokens / PROMPT_SCALE)))
                      for r in trace.requests)
@@ -314,7 +313,7 @@ def _model_config(args: argparse.Namespace, backend: str) -> tuple[ModelConfig, 
     """The reference decoder's shape for this run, and its name; a clear error if it cannot serve it."""
     import torch
 
-    from capture_core.model import ModelConfig
+    from capture_core.reference import ModelConfig
     from inspector.errors import UsageError
 
     model_name = args.model if args.model != "auto" else ("small" if backend == "cuda" else "tiny")
@@ -345,8 +344,8 @@ def _build_runner(args: argparse.Namespace, backend: str, config: ModelConfig) -
     import torch
 
     from capture_core.mixed_runner import MixedBatchRunner
-    from capture_core.model import ReferenceDecoder
     from capture_core.modes import CUDAGraphMode
+    from capture_core.reference import ReferenceDecoder
     from capture_core.runner import DecodeRunner
     from capture_core.runtime import GraphRuntime, UnexpectedCapturePolicy
     from capture_core.sizes import capture_sizes
@@ -474,7 +473,7 @@ def _decode(runner: DecodeRunner, trace: Any, args: argparse.Namespace) -> DemoR
     from tqdm import tqdm
 
     from capture_core.checks import AddressDriftError
-    from capture_core.traffic import ContinuousBatchScheduler, TrafficConfig
+    from capture_core.reference import ContinuousBatchScheduler, TrafficConfig
 
     traffic = TrafficConfig(max_num_seqs=args.max_batch, speedup=args.speedup, step_seconds=STEP_SECONDS,
                             seed=args.seed)
@@ -541,7 +540,7 @@ class _MixedInputs:
 
     def batch(self, step: Step) -> tuple[FlatBatch, list[int], list[int]]:
         """The flattened step, and which logits rows sample which slot's next token."""
-        from capture_core.model import flatten_requests
+        from capture_core.reference import flatten_requests
 
         tokens: list[list[int]] = []
         contexts: list[int] = []
@@ -576,7 +575,7 @@ def _serve_mixed(runner: MixedBatchRunner, trace: Trace, args: argparse.Namespac
     from tqdm import tqdm
 
     from capture_core.checks import AddressDriftError
-    from capture_core.traffic import ContinuousBatchScheduler, TrafficConfig
+    from capture_core.reference import ContinuousBatchScheduler, TrafficConfig
 
     traffic = TrafficConfig(max_num_seqs=args.max_batch, speedup=args.speedup, step_seconds=STEP_SECONDS,
                             seed=args.seed, warmup_steps=WARMUP_STEPS, chunked_prefill=True,
@@ -686,7 +685,7 @@ def _percent(value: float | None) -> str:
 
 
 def _print_summary(store: Any, recorder: Any, runner: Runner, result: DemoResult, url: str) -> None:
-    from capture_core.traffic import batch_size_stats
+    from capture_core.reference import batch_size_stats
     from inspector.queries import Queries
 
     summary = Queries(store.engine).summary(recorder.run_id)

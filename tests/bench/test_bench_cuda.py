@@ -13,7 +13,7 @@ import torch
 from bench.bare_graphs import BareGraphLoop
 from bench.gpu_decode import decode_inputs, watch_graph_trees
 from capture_core.backends import pool_reserved_bytes
-from capture_core.model import ModelConfig, ReferenceDecoder
+from capture_core.reference import ModelConfig, ReferenceDecoder
 
 pytestmark = pytest.mark.cuda
 

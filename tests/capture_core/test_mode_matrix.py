@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher
 from capture_core.mixed_runner import MixedBatchRunner
-from capture_core.model import ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.runtime import GraphRuntime
 from capture_core.sizes import EagerReason
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capture_core.model import ModelConfig, ReferenceDecoder, flatten_requests
+from capture_core.reference import ModelConfig, ReferenceDecoder, flatten_requests
 
 
 @pytest.fixture(scope="module")

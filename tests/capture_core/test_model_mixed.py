@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capture_core.model import AttentionMetadata, ModelConfig, ReferenceDecoder, flatten_requests
+from capture_core.reference import AttentionMetadata, ModelConfig, ReferenceDecoder, flatten_requests
 
 CONFIG = ModelConfig.tiny(max_num_seqs=6, max_seq_len=32)
 

@@ -10,8 +10,8 @@ from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, NullObserver, ViolationEvent
 from capture_core.forward_context import set_forward_context
 from capture_core.mixed_runner import MixedBatchRunner
-from capture_core.model import ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.runtime import GraphRuntime
 
 pytestmark = pytest.mark.cuda

@@ -7,8 +7,8 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from capture_core.mixed_runner import MixedBatchRunner
-from capture_core.model import ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.runtime import GraphRuntime
 from inspector.models import Graph, ReplayWindow
 from inspector.recorder import Recorder

@@ -9,8 +9,8 @@ import torch
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationKind
-from capture_core.model import ModelConfig, ReferenceDecoder
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import ModelConfig, ReferenceDecoder
 from capture_core.runner import DecodeRunner
 from capture_core.runtime import GraphRuntime
 from capture_core.ubatch.slices import UBatchConfig

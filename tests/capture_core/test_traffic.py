@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from capture_core.sizes import SizeTable, power_of_two_sizes
-from capture_core.traffic import (
+from capture_core.reference import (
     DEFAULT_TRACE_PATH,
     ContinuousBatchScheduler,
     Trace,
@@ -21,6 +20,7 @@ from capture_core.traffic import (
     load_trace,
     padding_stats,
 )
+from capture_core.sizes import SizeTable, power_of_two_sizes
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capture_core.traffic import ContinuousBatchScheduler, Step, Trace, TraceRequest, TrafficConfig
+from capture_core.reference import ContinuousBatchScheduler, Step, Trace, TraceRequest, TrafficConfig
 
 requests = st.lists(
     st.tuples(st.floats(0.0, 0.5), st.integers(1, 40), st.integers(1, 12)), min_size=1, max_size=30

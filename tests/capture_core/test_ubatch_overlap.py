@@ -7,11 +7,11 @@ import torch
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.forward_context import set_forward_context
-from capture_core.model import ModelConfig, ReferenceDecoder
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import ModelConfig, ReferenceDecoder
+from capture_core.reference.overlap import CommOverlapDecoder, spin_cycles_per_us
 from capture_core.runtime import GraphRuntime
 from capture_core.ubatch.context import current_ubatch_context, dbo_current_ubatch_id
-from capture_core.ubatch.overlap import CommOverlapDecoder, spin_cycles_per_us
 from capture_core.ubatch.slices import maybe_create_ubatch_slices
 from capture_core.ubatch.wrapper import UBatchWrapper
 

@@ -11,10 +11,10 @@ from sqlalchemy.orm import Session
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.forward_context import set_forward_context
-from capture_core.model import ModelConfig, ReferenceDecoder
 from capture_core.modes import CUDAGraphMode
+from capture_core.reference import ModelConfig, ReferenceDecoder
+from capture_core.reference.overlap import CommOverlapDecoder
 from capture_core.runtime import GraphRuntime
-from capture_core.ubatch.overlap import CommOverlapDecoder
 from capture_core.ubatch.slices import maybe_create_ubatch_slices
 from capture_core.ubatch.wrapper import UBatchWrapper
 from inspector.models import EagerTotal, Graph

@@ -17,10 +17,10 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from dashboard.app import create_app
-from dashboard.sample import seed_sample
 from inspector.store import Store, open_store
 from inspector.watch.compile_log import SKIP_LOGGER, TREES_LOGGER, compile_event_from_record
 from inspector.watch.flush import upsert_compile_event
+from tests.support.sample import seed_sample
 
 COMPILE_LOG = [
     # (logger, template, args, times heard): torch.compile's own log lines, as the watch hears them.

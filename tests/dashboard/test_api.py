@@ -7,7 +7,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from dashboard.params import MAX_PER_PAGE
-from dashboard.sample import touch_run
+from tests.support.sample import touch_run
 
 
 def get_ok(client: FlaskClient, url: str) -> dict:

@@ -14,10 +14,10 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import update
 
-from dashboard.daemon import Daemon
-from dashboard.sample import touch_run
 from inspector.models import EagerTotal
 from inspector.store import Store, open_store
+from tests.support.daemon import Daemon
+from tests.support.sample import touch_run
 
 pytestmark = pytest.mark.browser
 

@@ -13,8 +13,8 @@ from flask.testing import FlaskClient
 from sqlalchemy import update
 
 from dashboard.app import create_app
-from dashboard.sample import touch_run
 from inspector.models import Run
+from tests.support.sample import touch_run
 
 
 def page(client: FlaskClient, url: str) -> str:

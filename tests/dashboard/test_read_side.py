@@ -8,11 +8,11 @@ import time
 
 from sqlalchemy import delete, func, insert, select
 
-from dashboard.sample import seed_sample
 from inspector.models import ReplayWindow, Run, Violation
 from inspector.queries import Queries
 from inspector.rollup import Rollup, TimeBuckets, Traffic
 from inspector.store import Store
+from tests.support.sample import seed_sample
 
 
 def window(run_id: int, start: float, replays: int = 10, real: int = 70, padded: int = 10) -> dict:

@@ -23,7 +23,7 @@ import functools
 import torch
 from torch import nn
 
-from capture_core.model import ReferenceDecoder
+from capture_core.reference.decoder import ReferenceDecoder
 from capture_core.ubatch.context import (
     dbo_yield,
     dbo_yield_and_switch_from_comm_to_compute,

@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, insert, select, update
 
 from capture_core.descriptor import BatchDescriptor
+from capture_core.reference import TrafficConfig, decode_batch_sizes, load_trace
 from capture_core.sizes import SizeTable, power_of_two_sizes, vllm_default_sizes
-from capture_core.traffic import TrafficConfig, decode_batch_sizes, load_trace
 from inspector.models import (
     BatchSizeCount,
     EagerFallback,

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 URL_LINE = re.compile(r"graph-inspector dashboard: (http://\S+/)")
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class DaemonError(RuntimeError):

@@ -1,0 +1,101 @@
+"""Figures of a run of batch sizes: how they were spread, and how a capture-size list met them."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from capture_core.sizes import SizeTable
+
+
+@dataclass(frozen=True)
+class BatchSizeStats:
+    """How a run's batch sizes were spread."""
+
+    steps: int
+    min: int
+    max: int
+    mean: float
+    p50: int
+    p90: int
+    p99: int
+    distinct: int
+    changed_share: float
+    """Share of steps whose batch size differs from the step before (0..1)."""
+
+
+def _percentile(ordered: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile of a sorted sequence."""
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def batch_size_stats(sizes: Sequence[int]) -> BatchSizeStats:
+    if not sizes:
+        raise ValueError("batch_size_stats needs at least one batch size")
+    ordered = sorted(sizes)
+    changes = sum(1 for a, b in itertools.pairwise(sizes) if a != b)
+    return BatchSizeStats(
+        steps=len(sizes),
+        min=ordered[0],
+        max=ordered[-1],
+        mean=sum(sizes) / len(sizes),
+        p50=_percentile(ordered, 0.50),
+        p90=_percentile(ordered, 0.90),
+        p99=_percentile(ordered, 0.99),
+        distinct=len(set(sizes)),
+        changed_share=changes / (len(sizes) - 1) if len(sizes) > 1 else 0.0,
+    )
+
+
+def batch_size_histogram(sizes: Iterable[int]) -> dict[int, int]:
+    """Batch size -> number of steps, sorted by size."""
+    return dict(sorted(Counter(sizes).items()))
+
+
+@dataclass(frozen=True)
+class PaddingStats:
+    """How a capture-size list met a run of batch sizes.
+
+    ``waste`` is padding as a share of the tokens the replayed graphs computed: padded tokens over
+    captured tokens, the same ratio the inspector records per replay window. Batches above the
+    largest capture size run eagerly: they count against ``hit_rate`` and waste nothing.
+    """
+
+    steps: int
+    replayed_steps: int
+    real_tokens: int
+    captured_tokens: int
+    eager_tokens: int
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.captured_tokens - (self.real_tokens - self.eager_tokens)
+
+    @property
+    def waste(self) -> float:
+        return self.padded_tokens / self.captured_tokens if self.captured_tokens else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of steps that replayed a graph (0..1)."""
+        return self.replayed_steps / self.steps if self.steps else 0.0
+
+
+def padding_stats(sizes: Iterable[int], table: SizeTable) -> PaddingStats:
+    """Pad every batch size with ``table`` and total the waste and the replays."""
+    steps = replayed = real = captured = eager = 0
+    for n in sizes:
+        steps += 1
+        real += n
+        padded = table.pad(n)
+        if padded is None:
+            eager += n
+        else:
+            replayed += 1
+            captured += padded
+    return PaddingStats(steps, replayed, real, captured, eager)
+
