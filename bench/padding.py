@@ -70,7 +70,7 @@ def policy_figures(stats: PaddingStats) -> dict[str, float | int]:
     return {
         "waste": round(stats.waste, 6),
         "hit_rate": round(stats.hit_rate, 6),
-        "padded_tokens": stats.padded_tokens,
+        "padding_tokens": stats.padding_tokens,
         "captured_tokens": stats.captured_tokens,
         "eager_steps": stats.steps - stats.replayed_steps,
     }

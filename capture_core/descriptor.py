@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 class BatchDescriptor:
     """Everything that decides which graph a batch replays.
 
-    ``num_tokens`` is the padded token count (a capture size). ``num_reqs`` is None when the graph
+    ``num_tokens`` is the padded token count: the graph's captured size (vLLM's field name; the
+    inspector's columns, metrics and API call it ``captured_size``). ``num_reqs`` is None when the graph
     serves any number of requests (piecewise graphs, whose attention runs eagerly); a FULL graph of
     a uniform-decode batch fixes it. ``uniform`` marks a uniform-decode batch (every request
     decodes the same number of tokens).
@@ -30,6 +31,11 @@ class BatchDescriptor:
             raise ValueError(f"num_active_loras must be >= 0, got {self.num_active_loras}")
         if self.num_active_loras and not self.has_lora:
             raise ValueError("num_active_loras > 0 needs has_lora=True")
+
+    @property
+    def captured_size(self) -> int:
+        """The token count this graph was captured at (``num_tokens``, named as everywhere else)."""
+        return self.num_tokens
 
     def relax_for_mixed_batch(self) -> BatchDescriptor:
         """The descriptor a piecewise graph is keyed by: any request count, not uniform."""

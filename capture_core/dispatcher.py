@@ -21,7 +21,8 @@ class Dispatch:
     eager_reason: EagerReason | None = None
 
     @property
-    def padded_tokens(self) -> int:
+    def padding_tokens(self) -> int:
+        """The captured size less the real tokens."""
         return self.descriptor.num_tokens - self.num_real_tokens
 
 

@@ -74,8 +74,8 @@ class GraphObserver(Protocol):
     def on_replay(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int) -> None:
         """Hot path: one call per replayed batch. Bump a counter, nothing more."""
 
-    def on_eager(self, reason: EagerReason, num_tokens: int, mode: CUDAGraphMode) -> None:
-        """A batch of ``num_tokens`` ran eagerly; ``mode`` is what it would have replayed in."""
+    def on_eager(self, reason: EagerReason, num_real_tokens: int, mode: CUDAGraphMode) -> None:
+        """A batch of ``num_real_tokens`` ran eagerly; ``mode`` is what it would have replayed in."""
 
     def on_violation(self, event: ViolationEvent) -> None: ...
 
@@ -89,7 +89,7 @@ class NullObserver:
     def on_replay(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int) -> None:
         pass
 
-    def on_eager(self, reason: EagerReason, num_tokens: int, mode: CUDAGraphMode) -> None:
+    def on_eager(self, reason: EagerReason, num_real_tokens: int, mode: CUDAGraphMode) -> None:
         pass
 
     def on_violation(self, event: ViolationEvent) -> None:
@@ -110,9 +110,9 @@ class FanOutObserver:
         for observer in self.observers:
             observer.on_replay(mode, descriptor, num_real_tokens)
 
-    def on_eager(self, reason: EagerReason, num_tokens: int, mode: CUDAGraphMode) -> None:
+    def on_eager(self, reason: EagerReason, num_real_tokens: int, mode: CUDAGraphMode) -> None:
         for observer in self.observers:
-            observer.on_eager(reason, num_tokens, mode)
+            observer.on_eager(reason, num_real_tokens, mode)
 
     def on_violation(self, event: ViolationEvent) -> None:
         for observer in self.observers:

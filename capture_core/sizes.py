@@ -72,15 +72,16 @@ def capture_sizes(policy: str, max_size: int = 256, sizes: Sequence[int] | None 
 
 @dataclass(frozen=True)
 class Padding:
-    """Where one batch lands: its captured size, or eager with the reason."""
+    """Where one batch lands: the captured size it is padded to, or eager with the reason."""
 
-    num_tokens: int
-    padded_tokens: int | None
+    num_real_tokens: int
+    captured_size: int | None
     eager_reason: EagerReason | None
 
     @property
-    def waste(self) -> int:
-        return 0 if self.padded_tokens is None else self.padded_tokens - self.num_tokens
+    def padding_tokens(self) -> int:
+        """Tokens of padding: the captured size less the real tokens (0 for an eager batch)."""
+        return 0 if self.captured_size is None else self.captured_size - self.num_real_tokens
 
 
 class SizeTable:
@@ -97,18 +98,18 @@ class SizeTable:
             table[n] = self.sizes[bisect.bisect_left(self.sizes, n)]
         self._table = table
 
-    def pad(self, num_tokens: int) -> int | None:
-        """The capture size for ``num_tokens``, or None when it is above the largest."""
-        if num_tokens <= 0:
-            raise ValueError(f"num_tokens must be positive, got {num_tokens}")
-        if num_tokens > self.max_size:
+    def pad(self, num_real_tokens: int) -> int | None:
+        """The captured size a batch of ``num_real_tokens`` replays, or None above the largest."""
+        if num_real_tokens <= 0:
+            raise ValueError(f"num_real_tokens must be positive, got {num_real_tokens}")
+        if num_real_tokens > self.max_size:
             return None
-        return self._table[num_tokens]
+        return self._table[num_real_tokens]
 
-    def place(self, num_tokens: int) -> Padding:
-        padded = self.pad(num_tokens)
-        reason = EagerReason.ABOVE_MAX_CAPTURE_SIZE if padded is None else None
-        return Padding(num_tokens, padded, reason)
+    def place(self, num_real_tokens: int) -> Padding:
+        captured = self.pad(num_real_tokens)
+        reason = EagerReason.ABOVE_MAX_CAPTURE_SIZE if captured is None else None
+        return Padding(num_real_tokens, captured, reason)
 
     def __contains__(self, size: object) -> bool:
         return size in self.sizes

@@ -88,10 +88,10 @@ def test_size_table_pads_to_the_smallest_size_that_holds_the_batch():
     table = SizeTable([1, 2, 4, 8])
     assert [table.pad(n) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     above = table.place(9)
-    assert above.padded_tokens is None
+    assert above.captured_size is None
     assert above.eager_reason is EagerReason.ABOVE_MAX_CAPTURE_SIZE
-    assert table.place(5).waste == 3
-    with pytest.raises(ValueError, match="num_tokens must be positive"):
+    assert table.place(5).padding_tokens == 3
+    with pytest.raises(ValueError, match="num_real_tokens must be positive"):
         table.pad(0)
 
 

@@ -357,7 +357,7 @@ def test_the_demo_s_mixed_steps_give_the_eager_model_s_logits_step_after_step() 
     for step in ContinuousBatchScheduler(_shorter_prompts(load_trace()), traffic).take(60):
         batch, rows, sampled = inputs.batch(step)
         meta = batch.attn_metadata
-        assert batch.num_tokens == step.num_tokens and int(batch.positions.max()) < config.max_seq_len
+        assert batch.num_tokens == step.num_real_tokens and int(batch.positions.max()) < config.max_seq_len
         assert len(rows) == step.num_decode_tokens + sum(chunk.final for chunk in step.prefill_chunks)
         reference_kv = runner.kv_cache.clone()
         expected = model(batch.input_ids, batch.positions, batch.slot_ids, reference_kv, meta)

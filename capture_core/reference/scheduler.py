@@ -100,7 +100,8 @@ class Step:
         return sum(chunk.num_tokens for chunk in self.prefill_chunks)
 
     @property
-    def num_tokens(self) -> int:
+    def num_real_tokens(self) -> int:
+        """Every token of the step (decodes and prompt chunks): what a graph is padded up from."""
         return self.num_decode_tokens + self.num_prefill_tokens
 
     @property
@@ -283,5 +284,5 @@ class ContinuousBatchScheduler:
 
 def decode_batch_sizes(trace: Trace, config: TrafficConfig, num_steps: int) -> list[int]:
     """Tokens per step of ``num_steps`` steps: the batch sizes a decode graph cache meets."""
-    return [step.num_tokens for step in ContinuousBatchScheduler(trace, config).take(num_steps)]
+    return [step.num_real_tokens for step in ContinuousBatchScheduler(trace, config).take(num_steps)]
 

@@ -60,24 +60,27 @@ def batch_size_histogram(sizes: Iterable[int]) -> dict[int, int]:
 class PaddingStats:
     """How a capture-size list met a run of batch sizes.
 
-    ``waste`` is padding as a share of the tokens the replayed graphs computed: padded tokens over
+    ``waste`` is padding as a share of the tokens the replayed graphs computed: padding tokens over
     captured tokens, the same ratio the inspector records per replay window. Batches above the
     largest capture size run eagerly: they count against ``hit_rate`` and waste nothing.
     """
 
     steps: int
     replayed_steps: int
-    real_tokens: int
+    num_real_tokens: int
+    """Real tokens of every batch, replayed or eager."""
     captured_tokens: int
+    """Tokens the replayed graphs computed: the captured size of each replayed batch, summed."""
     eager_tokens: int
+    """Real tokens of the batches that ran eagerly."""
 
     @property
-    def padded_tokens(self) -> int:
-        return self.captured_tokens - (self.real_tokens - self.eager_tokens)
+    def padding_tokens(self) -> int:
+        return self.captured_tokens - (self.num_real_tokens - self.eager_tokens)
 
     @property
     def waste(self) -> float:
-        return self.padded_tokens / self.captured_tokens if self.captured_tokens else 0.0
+        return self.padding_tokens / self.captured_tokens if self.captured_tokens else 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -91,11 +94,11 @@ def padding_stats(sizes: Iterable[int], table: SizeTable) -> PaddingStats:
     for n in sizes:
         steps += 1
         real += n
-        padded = table.pad(n)
-        if padded is None:
+        captured_size = table.pad(n)
+        if captured_size is None:
             eager += n
         else:
             replayed += 1
-            captured += padded
+            captured += captured_size
     return PaddingStats(steps, replayed, real, captured, eager)
 

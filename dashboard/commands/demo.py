@@ -500,8 +500,8 @@ def _decode(runner: DecodeRunner, trace: Any, args: argparse.Namespace) -> DemoR
             tokens.update(slots, logits)
             if step.index == unexpected_step:
                 runner.inject_unexpected_capture()
-            result.batch_sizes.append(step.num_tokens)
-            bar.set_postfix(batch=step.num_tokens, queued=step.num_waiting, refresh=False)
+            result.batch_sizes.append(step.num_real_tokens)
+            bar.set_postfix(batch=step.num_real_tokens, queued=step.num_waiting, refresh=False)
             bar.update(1)
     result.seconds = time.perf_counter() - started
     return result
@@ -610,9 +610,9 @@ def _serve_mixed(runner: MixedBatchRunner, trace: Trace, args: argparse.Namespac
             inputs.update(logits, rows, sampled)
             if step.index == unexpected_step:
                 result.unexpected_step = step.index if _plant_unexpected_capture(runner) else None
-            result.batch_sizes.append(step.num_tokens)
+            result.batch_sizes.append(step.num_real_tokens)
             prefill_steps += bool(step.prefill_chunks)
-            bar.set_postfix(tokens=step.num_tokens, prefill=step.num_prefill_tokens, refresh=False)
+            bar.set_postfix(tokens=step.num_real_tokens, prefill=step.num_prefill_tokens, refresh=False)
             bar.update(1)
     result.seconds = time.perf_counter() - started
     result.prefill_steps = prefill_steps

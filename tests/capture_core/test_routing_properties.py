@@ -19,13 +19,13 @@ def test_padding_lands_on_the_smallest_capture_size_that_holds_the_batch(sizes, 
     table = SizeTable(sizes)
     placed = table.place(num_tokens)
     if num_tokens > sizes[-1]:
-        assert placed.padded_tokens is None
+        assert placed.captured_size is None
         assert placed.eager_reason is EagerReason.ABOVE_MAX_CAPTURE_SIZE
         return
-    padded = placed.padded_tokens
+    padded = placed.captured_size
     assert padded in sizes and padded >= num_tokens
     assert not [s for s in sizes if num_tokens <= s < padded]
-    assert placed.eager_reason is None and placed.waste == padded - num_tokens
+    assert placed.eager_reason is None and placed.padding_tokens == padded - num_tokens
 
 
 @given(modes, size_lists, token_counts, st.booleans(), st.integers(1, 4), st.integers(0, 2), st.data())
@@ -51,7 +51,7 @@ def test_dispatch_routes_every_batch_to_an_existing_graph_or_eager_with_the_reas
         padded = SizeTable(sizes).pad(num_tokens)
         assert routed.eager_reason is None
         assert routed.descriptor in dispatcher.keys[routed.mode]
-        assert routed.descriptor.num_tokens == padded and routed.padded_tokens == padded - num_tokens
+        assert routed.descriptor.num_tokens == padded and routed.padding_tokens == padded - num_tokens
         if routed.descriptor.uniform:
             assert uniform and mode.separate_routine() and routed.mode is CUDAGraphMode.FULL
             assert routed.descriptor.num_reqs == padded // query_len

@@ -46,7 +46,7 @@ def test_same_seed_same_steps_other_seed_other_steps(trace: Trace) -> None:
     again = ContinuousBatchScheduler(trace, config).take(150)
     assert first == again
     other = ContinuousBatchScheduler(trace, TrafficConfig(speedup=4, seed=8, warmup_steps=200)).take(150)
-    assert [s.num_tokens for s in other] != [s.num_tokens for s in first]
+    assert [s.num_real_tokens for s in other] != [s.num_real_tokens for s in first]
 
 
 def test_batch_size_varies_and_is_bounded_by_max_num_seqs(trace: Trace) -> None:
@@ -108,7 +108,7 @@ def test_chunked_prefill_mixes_prompt_chunks_within_the_token_budget(trace: Trac
     prompt_done: set[int] = set()
     finished = 0
     for s in steps:
-        assert s.num_tokens <= 512
+        assert s.num_real_tokens <= 512
         for chunk in s.prefill_chunks:
             row = scheduler.request(chunk.request_id)
             assert chunk.request_id not in prompt_done
@@ -129,7 +129,7 @@ def test_chunked_prefill_mixes_prompt_chunks_within_the_token_budget(trace: Trac
 def test_idle_engine_jumps_to_the_next_arrival(trace: Trace) -> None:
     # Very slow replay: mostly idle, but every yielded step has work to do.
     steps = ContinuousBatchScheduler(trace, TrafficConfig(speedup=0.05)).take(200)
-    assert all(s.num_tokens >= 1 for s in steps)
+    assert all(s.num_real_tokens >= 1 for s in steps)
     assert [s.index for s in steps] == list(range(200))
 
 
@@ -144,7 +144,7 @@ def test_a_trace_squeezed_into_an_instant_loops_once_a_second_not_endlessly() ->
     burst = Trace(tuple(TraceRequest(i * 1e-300, 4, 2) for i in range(3)), "burst")
     assert burst.period_s == 1.0
     steps = ContinuousBatchScheduler(burst, TrafficConfig(step_seconds=0.25)).take(20)
-    assert max(s.num_waiting + s.num_tokens for s in steps) <= 6
+    assert max(s.num_waiting + s.num_real_tokens for s in steps) <= 6
     assert len({rid for s in steps for rid in s.decode_request_ids}) > 3
 
 
@@ -163,7 +163,7 @@ def test_padding_stats_counts_waste_replays_and_eager_batches() -> None:
     stats = padding_stats([3, 8, 5, 9], table)
     assert stats.steps == 4 and stats.replayed_steps == 3
     assert stats.captured_tokens == 4 + 8 + 8
-    assert stats.padded_tokens == 1 + 0 + 3
+    assert stats.padding_tokens == 1 + 0 + 3
     assert stats.waste == pytest.approx(4 / 20)
     assert stats.hit_rate == pytest.approx(0.75)
     assert stats.eager_tokens == 9

@@ -44,13 +44,13 @@ def test_continuous_batching_invariants(rows: list[tuple[float, int, int]], conf
     first_seen: dict[int, int] = {}
     prompt_done: set[int] = set()
     for s in steps:
-        assert s.num_tokens >= 1, "an idle engine waits for the next arrival instead of stepping empty"
+        assert s.num_real_tokens >= 1, "an idle engine waits for the next arrival instead of stepping empty"
         assert s.num_decode_tokens <= config.max_num_seqs
         slots = set(s.decode_slots) | {c.slot for c in s.prefill_chunks}
         assert slots <= set(range(config.max_num_seqs))
         assert len(set(s.decode_slots)) == len(s.decode_slots)
         if config.chunked_prefill:
-            assert s.num_tokens <= config.max_num_batched_tokens
+            assert s.num_real_tokens <= config.max_num_batched_tokens
         else:
             assert s.uniform_decode
         for rid in (*s.decode_request_ids, *(c.request_id for c in s.prefill_chunks)):
@@ -93,4 +93,4 @@ def test_arrivals_on_step_boundaries_after_idle_time_never_give_an_empty_step(
     trace = Trace(tuple(rows), "boundaries")
     config = TrafficConfig(step_seconds=step_seconds, speedup=speedup)
     steps = ContinuousBatchScheduler(trace, config).take(40)
-    assert all(s.num_tokens >= 1 for s in steps)
+    assert all(s.num_real_tokens >= 1 for s in steps)
