@@ -115,7 +115,7 @@ def flush_throughput(graphs: int, repeats: int) -> dict[str, Any]:
             batch_traffic = Traffic(now - 1.0, now)
             for descriptor in descriptors:
                 delta = ReplayDelta(
-                    FULL, descriptor, replays=100, real_tokens=100 * descriptor.num_tokens - 7
+                    FULL, descriptor, replays=100, num_real_tokens=100 * descriptor.captured_size - 7
                 )
                 batch_traffic.replays[graph_key(FULL, descriptor)] = delta
                 batch_traffic.batch_sizes[descriptor.num_tokens] = 100
@@ -172,10 +172,10 @@ def scrape_cost(windows: int) -> dict[str, Any]:
             "window_start": 0.0,
             "window_end": 1.0,
             "replays": 10,
-            "real_tokens": 70,
-            "padded_tokens": 10,
+            "num_real_tokens": 70,
+            "padding_tokens": 10,
             "mode": "full",
-            "num_tokens": 8,
+            "captured_size": 8,
             "num_reqs": 8,
             "uniform": True,
             "has_lora": False,

@@ -58,11 +58,11 @@ class ReplayDelta:
     mode: CUDAGraphMode
     descriptor: BatchDescriptor
     replays: int = 0
-    real_tokens: int = 0
+    num_real_tokens: int = 0
 
     @property
-    def padded_tokens(self) -> int:
-        return self.descriptor.num_tokens * self.replays - self.real_tokens
+    def padding_tokens(self) -> int:
+        return self.descriptor.captured_size * self.replays - self.num_real_tokens
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Traffic:
     window_end: float
     replays: dict[GraphKey, ReplayDelta] = field(default_factory=dict)
     eager: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    """(reason, mode label) -> [batches, tokens]."""
+    """(reason, mode label) -> [batches, real tokens]."""
     batch_sizes: dict[int, int] = field(default_factory=dict)
     """real token count -> batches (replayed or eager)."""
 

@@ -72,10 +72,10 @@ METRICS: tuple[MetricSpec, ...] = (
         f"{PREFIX}real_tokens_total",
         "counter",
         ("mode",),
-        "Real (unpadded) tokens computed by graph replays.",
+        "Real tokens (num_real_tokens, not padding) computed by graph replays.",
     ),
     MetricSpec(
-        f"{PREFIX}padded_tokens_total",
+        f"{PREFIX}padding_tokens_total",
         "counter",
         ("mode",),
         "Padding tokens computed by graph replays: captured size times replays, less the real tokens.",
@@ -201,13 +201,13 @@ class InspectorCollector(Collector):
         for mode, size, n, r, p in conn.execute(
             select(
                 ReplayTotal.mode,
-                ReplayTotal.num_tokens,
+                ReplayTotal.captured_size,
                 func.sum(ReplayTotal.replays),
-                func.sum(ReplayTotal.real_tokens),
-                func.sum(ReplayTotal.padded_tokens),
+                func.sum(ReplayTotal.num_real_tokens),
+                func.sum(ReplayTotal.padding_tokens),
             )
-            .group_by(ReplayTotal.mode, ReplayTotal.num_tokens)
-            .order_by(ReplayTotal.mode, ReplayTotal.num_tokens)
+            .group_by(ReplayTotal.mode, ReplayTotal.captured_size)
+            .order_by(ReplayTotal.mode, ReplayTotal.captured_size)
         ):
             n, r, p = int(n), int(r), int(p)
             f[f"{PREFIX}replays_total"].add_metric([mode, str(size)], n)
@@ -217,7 +217,7 @@ class InspectorCollector(Collector):
             replays, real, padded = replays + n, real + r, padded + p
         for mode, (r, p) in by_mode.items():
             f[f"{PREFIX}real_tokens_total"].add_metric([mode], r)
-            f[f"{PREFIX}padded_tokens_total"].add_metric([mode], p)
+            f[f"{PREFIX}padding_tokens_total"].add_metric([mode], p)
 
         eager = 0
         for reason, batches in conn.execute(

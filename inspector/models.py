@@ -36,7 +36,8 @@ class DescriptorColumns:
     """The BatchDescriptor's fields, flattened into every table keyed by a graph."""
 
     mode: Mapped[str] = mapped_column(String(32))
-    num_tokens: Mapped[int] = mapped_column(Integer)
+    captured_size: Mapped[int] = mapped_column(Integer)
+    """The token count the graph was captured at (``BatchDescriptor.num_tokens``)."""
     num_reqs: Mapped[int | None] = mapped_column(Integer, nullable=True)
     uniform: Mapped[bool] = mapped_column(Boolean, default=False)
     has_lora: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -97,7 +98,7 @@ class Graph(DescriptorColumns, Base):
     run: Mapped[Run] = relationship(back_populates="graphs")
 
     __table_args__ = (
-        Index(None, "run_id", "mode", "num_tokens"),
+        Index(None, "run_id", "mode", "captured_size"),
         Index(None, "descriptor_key"),
         Index(None, "captured_at"),
     )
@@ -114,9 +115,9 @@ class ReplayWindow(DescriptorColumns, Base):
     window_start: Mapped[float] = mapped_column(Float)
     window_end: Mapped[float] = mapped_column(Float)
     replays: Mapped[int] = mapped_column(BigInteger)
-    real_tokens: Mapped[int] = mapped_column(BigInteger)
-    padded_tokens: Mapped[int] = mapped_column(BigInteger)
-    """Tokens of padding: captured size times replays, less the real tokens."""
+    num_real_tokens: Mapped[int] = mapped_column(BigInteger)
+    padding_tokens: Mapped[int] = mapped_column(BigInteger)
+    """Captured size times replays, less the real tokens."""
 
     __table_args__ = (
         Index(None, "run_id", "window_start"),
@@ -138,7 +139,7 @@ class EagerFallback(Base):
     mode: Mapped[str] = mapped_column(String(32))
     """The runtime mode the batch would have replayed in."""
     batches: Mapped[int] = mapped_column(BigInteger)
-    tokens: Mapped[int] = mapped_column(BigInteger)
+    num_real_tokens: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index(None, "run_id", "window_start"), Index(None, "reason"))
 
@@ -151,10 +152,10 @@ class BatchSizeCount(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     window_start: Mapped[float] = mapped_column(Float)
-    num_tokens: Mapped[int] = mapped_column(Integer)
+    num_real_tokens: Mapped[int] = mapped_column(Integer)
     batches: Mapped[int] = mapped_column(BigInteger)
 
-    __table_args__ = (Index(None, "run_id", "num_tokens"),)
+    __table_args__ = (Index(None, "run_id", "num_real_tokens"),)
 
 
 class Violation(DescriptorColumns, Base):
@@ -196,13 +197,13 @@ class ReplayTotal(DescriptorColumns, Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="SET NULL"), nullable=True)
     replays: Mapped[int] = mapped_column(BigInteger, default=0)
-    real_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    padded_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    num_real_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    padding_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     updated_at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (
         UniqueConstraint("run_id", "mode", "descriptor_key"),
-        Index(None, "mode", "num_tokens"),
+        Index(None, "mode", "captured_size"),
     )
 
 
@@ -216,7 +217,7 @@ class EagerTotal(Base):
     reason: Mapped[str] = mapped_column(String(64))
     mode: Mapped[str] = mapped_column(String(32))
     batches: Mapped[int] = mapped_column(BigInteger, default=0)
-    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    num_real_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     updated_at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("run_id", "reason", "mode"),)

@@ -63,7 +63,7 @@ class TestObserver:
     def on_replay(self, mode: Any, descriptor: Any, num_real_tokens: int) -> None:
         pass
 
-    def on_eager(self, reason: Any, num_tokens: int, mode: Any) -> None:
+    def on_eager(self, reason: Any, num_real_tokens: int, mode: Any) -> None:
         pass
 
     def on_violation(self, event: Any) -> None:

@@ -27,7 +27,7 @@ GRAPH_SORTS = {
     "id": Graph.id,
     "run": Graph.run_id,
     "mode": Graph.mode,
-    "size": Graph.num_tokens,
+    "size": Graph.captured_size,
     "capture_seconds": Graph.capture_seconds,
     "pool_bytes": Graph.pool_bytes,
     "captured_at": Graph.captured_at,
@@ -117,20 +117,21 @@ class Queries:
             rows = self._run_rows(session, [run_a, run_b])
             sizes: dict[tuple[str, int], dict[str, Any]] = {}
             for side, run_id in (("a", a), ("b", b)):
-                for (mode, size), traffic in _traffic_by(session, ReplayTotal.mode, ReplayTotal.num_tokens,
+                for (mode, size), traffic in _traffic_by(session, ReplayTotal.mode, ReplayTotal.captured_size,
                                                          run_ids=[run_id]).items():
                     entry = sizes.setdefault((mode, size), _size_row(mode, size))
                     entry[side] = _traffic(traffic)
                 graphs = session.execute(
-                    select(Graph.mode, Graph.num_tokens, integer_sum(Graph.pool_bytes), func.count(Graph.id))
+                    select(Graph.mode, Graph.captured_size, integer_sum(Graph.pool_bytes),
+                           func.count(Graph.id))
                     .where(Graph.run_id == run_id)
-                    .group_by(Graph.mode, Graph.num_tokens)
+                    .group_by(Graph.mode, Graph.captured_size)
                 ).all()
                 for mode, size, pool, count in graphs:
                     entry = sizes.setdefault((mode, size), _size_row(mode, size))
                     entry[f"{side}_graphs"] = count
                     entry[f"{side}_pool_bytes"] = pool
-        by_size = sorted(sizes.values(), key=lambda e: (e["mode"], e["size"]))
+        by_size = sorted(sizes.values(), key=lambda e: (e["mode"], e["captured_size"]))
         return {"a": rows[0], "b": rows[1], "by_size": by_size}
 
     def _run_rows(self, session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
@@ -183,9 +184,9 @@ class Queries:
                 .where(*graph_filter)
             ).one()
             memory = session.execute(
-                select(Graph.id, Graph.run_id, Graph.mode, Graph.num_tokens, Graph.pool_bytes)
+                select(Graph.id, Graph.run_id, Graph.mode, Graph.captured_size, Graph.pool_bytes)
                 .where(*graph_filter)
-                .order_by(Graph.num_tokens, Graph.id)
+                .order_by(Graph.captured_size, Graph.id)
             ).all()
             run_filter = [] if run_id is None else [Run.id == run_id]
             run_count = session.scalar(select(func.count(Run.id)).where(*run_filter)) or 0
@@ -193,7 +194,7 @@ class Queries:
             traffic = _traffic_by(session, run_ids=scope).get((), Traffic())
             eager = _eager_by(session, EagerTotal.reason, EagerTotal.mode, run_ids=scope)
             traffic.eager_batches = sum(batches for batches, _ in eager.values())
-            by_size = _traffic_by(session, ReplayTotal.num_tokens, ReplayTotal.mode, run_ids=scope)
+            by_size = _traffic_by(session, ReplayTotal.captured_size, ReplayTotal.mode, run_ids=scope)
             compile_filter = [] if run_id is None else [CompileRecord.run_id == run_id]
             compile_kinds = dict(
                 session.execute(
@@ -216,7 +217,7 @@ class Queries:
             },
             "traffic": _traffic(traffic),
             "eager": [
-                {"reason": reason, "mode": mode, "batches": batches, "tokens": tokens}
+                {"reason": reason, "mode": mode, "batches": batches, "num_real_tokens": tokens}
                 for (reason, mode), (batches, tokens) in sorted(eager.items(), key=lambda item: -item[1][0])
             ],
             "violations": {"findings": sum(kinds.values()), "by_kind": kinds},
@@ -228,13 +229,16 @@ class Queries:
                     for start, t in self.rollup.series(scope)
                 ],
                 "waste_by_size": [
-                    {"mode": mode, "size": size, "replays": t.replays, "padding_waste": t.padding_waste}
+                    {"mode": mode, "captured_size": size, "replays": t.replays,
+                     "padding_waste": t.padding_waste}
                     for (size, mode), t in sorted(by_size.items())
                 ],
-                "batch_sizes": [{"size": s, "batches": b} for s, b in self.rollup.batch_sizes(scope).items()],
+                "batch_sizes": [
+                    {"num_real_tokens": n, "batches": b} for n, b in self.rollup.batch_sizes(scope).items()
+                ],
                 "capture_sizes": sorted({size for _, _, _, size, _ in memory}),
                 "graph_memory": [
-                    {"id": gid, "run_id": rid, "mode": mode, "size": size, "pool_bytes": pool}
+                    {"id": gid, "run_id": rid, "mode": mode, "captured_size": size, "pool_bytes": pool}
                     for gid, rid, mode, size, pool in memory
                 ],
             },
@@ -254,7 +258,7 @@ class Queries:
         per_page: int = 50,
     ) -> Page:
         """Captured graphs, filtered and sorted (``sort`` is a key of ``GRAPH_SORTS``)."""
-        filters = _equal((Graph.run_id, run_id), (Graph.mode, mode), (Graph.num_tokens, size))
+        filters = _equal((Graph.run_id, run_id), (Graph.mode, mode), (Graph.captured_size, size))
         column = GRAPH_SORTS[sort]
         order = [column.desc() if descending else column.asc(), Graph.id.desc() if descending else Graph.id]
         with self._session() as session:
@@ -273,7 +277,7 @@ class Queries:
                 return None
             windows = session.execute(
                 select(ReplayWindow.window_start, ReplayWindow.window_end, ReplayWindow.replays,
-                       ReplayWindow.real_tokens, ReplayWindow.padded_tokens)
+                       ReplayWindow.num_real_tokens, ReplayWindow.padding_tokens)
                 .where(ReplayWindow.graph_id == graph_id)
                 .order_by(ReplayWindow.window_start.desc())
                 .limit(HISTORY_WINDOWS)
@@ -304,10 +308,10 @@ class Queries:
                     _traffic_by(session, graph_ids=[graph_id]).get((), Traffic())
                 ),
                 "history": [
-                    {"start": start, "end": end, "replays": replays, "real_tokens": real,
-                     "padded_tokens": padded,
-                     "padding_waste": padded / (real + padded) if real + padded else None}
-                    for start, end, replays, real, padded in reversed(windows)
+                    {"start": start, "end": end, "replays": replays, "num_real_tokens": real,
+                     "padding_tokens": padding,
+                     "padding_waste": padding / (real + padding) if real + padding else None}
+                    for start, end, replays, real, padding in reversed(windows)
                 ],
                 "violations": [_violation_fields(v) for v in violations],
             }
@@ -357,8 +361,8 @@ def _compile_fields(r: CompileRecord) -> dict[str, Any]:
 
 def _size_row(mode: str, size: int) -> dict[str, Any]:
     """One capture size of a run comparison: graphs and pool memory, then traffic, per side."""
-    return {"mode": mode, "size": size, "a_graphs": 0, "a_pool_bytes": 0, "b_graphs": 0, "b_pool_bytes": 0,
-            "a": None, "b": None}
+    return {"mode": mode, "captured_size": size, "a_graphs": 0, "a_pool_bytes": 0, "b_graphs": 0,
+            "b_pool_bytes": 0, "a": None, "b": None}
 
 
 def _equal(*pairs: tuple[Any, Any]) -> list[Any]:
@@ -382,7 +386,7 @@ def _traffic_by(
 ) -> dict[tuple, Traffic]:
     """Replay totals grouped by ``keys`` (key tuple -> Traffic; the empty tuple without keys)."""
     t = ReplayTotal
-    query = select(*keys, integer_sum(t.replays), integer_sum(t.real_tokens), integer_sum(t.padded_tokens))
+    query = select(*keys, *(integer_sum(c) for c in (t.replays, t.num_real_tokens, t.padding_tokens)))
     if run_ids is not None:
         query = query.where(t.run_id.in_(run_ids))
     if graph_ids is not None:
@@ -402,7 +406,7 @@ def _eager_by(
 ) -> dict[tuple, tuple[int, int]]:
     """Eager batches and tokens grouped by ``keys``."""
     t = EagerTotal
-    query = select(*keys, integer_sum(t.batches), integer_sum(t.tokens)).group_by(*keys)
+    query = select(*keys, integer_sum(t.batches), integer_sum(t.num_real_tokens)).group_by(*keys)
     if run_ids is not None:
         query = query.where(t.run_id.in_(run_ids))
     return {tuple(key): (batches, tokens) for *key, batches, tokens in session.execute(query)}
@@ -418,8 +422,8 @@ def _traffic(t: Traffic) -> dict[str, Any]:
     return {
         "replays": t.replays,
         "eager_batches": t.eager_batches,
-        "real_tokens": t.real_tokens,
-        "padded_tokens": t.padded_tokens,
+        "num_real_tokens": t.num_real_tokens,
+        "padding_tokens": t.padding_tokens,
         "hit_ratio": t.hit_ratio,
         "padding_waste": t.padding_waste,
     }
@@ -431,7 +435,7 @@ def _hex(address: int | None) -> str | None:
 
 def _descriptor(row: Graph | Violation) -> dict[str, Any]:
     return {
-        "num_tokens": row.num_tokens,
+        "captured_size": row.captured_size,
         "num_reqs": row.num_reqs,
         "uniform": bool(row.uniform),
         "has_lora": bool(row.has_lora),

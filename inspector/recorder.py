@@ -150,8 +150,8 @@ class Recorder:
         except KeyError:
             self._replays[key] = [1]
 
-    def on_eager(self, reason: EagerReason, num_tokens: int, mode: CUDAGraphMode) -> None:
-        key = (reason._value_, mode._value_, num_tokens)
+    def on_eager(self, reason: EagerReason, num_real_tokens: int, mode: CUDAGraphMode) -> None:
+        key = (reason._value_, mode._value_, num_real_tokens)
         try:
             self._eager[key][0] += 1
         except KeyError:
@@ -409,18 +409,18 @@ class Recorder:
             if entry is None:
                 entry = traffic.replays[gkey] = ReplayDelta(mode, descriptor)
             entry.replays += delta
-            entry.real_tokens += real * delta
+            entry.num_real_tokens += real * delta
             traffic.batch_sizes[real] = traffic.batch_sizes.get(real, 0) + delta
         for key, count in eager_counts.items():
             delta = count - self._committed_eager.get(key, 0)
             if delta <= 0:
                 continue
-            reason, mode_value, tokens = key
+            reason, mode_value, real = key
             mode = modes.get(mode_value) or modes.setdefault(mode_value, CUDAGraphMode(mode_value))
             totals = traffic.eager.setdefault((reason, mode.label), [0, 0])
             totals[0] += delta
-            totals[1] += tokens * delta
-            traffic.batch_sizes[tokens] = traffic.batch_sizes.get(tokens, 0) + delta
+            totals[1] += real * delta
+            traffic.batch_sizes[real] = traffic.batch_sizes.get(real, 0) + delta
         return traffic, replay_counts, eager_counts
 
     def _note_failure(self, error: BaseException, now: float) -> None:

@@ -99,8 +99,8 @@ class RunSummary:
     dropped_events: int
     graphs: int = 0
     replays: int = 0
-    real_tokens: int = 0
-    padded_tokens: int = 0
+    num_real_tokens: int = 0
+    padding_tokens: int = 0
     eager_batches: int = 0
     violations: int = 0
 
@@ -184,13 +184,13 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
             select(
                 ReplayTotal.run_id,
                 func.sum(ReplayTotal.replays),
-                func.sum(ReplayTotal.real_tokens),
-                func.sum(ReplayTotal.padded_tokens),
+                func.sum(ReplayTotal.num_real_tokens),
+                func.sum(ReplayTotal.padding_tokens),
             )
             .where(ReplayTotal.run_id.in_(selected))
             .group_by(ReplayTotal.run_id)
         ):
-            runs[rid].replays, runs[rid].real_tokens, runs[rid].padded_tokens = (
+            runs[rid].replays, runs[rid].num_real_tokens, runs[rid].padding_tokens = (
                 int(replays),
                 int(real),
                 int(padded),
@@ -244,8 +244,8 @@ def render_text(report: Report) -> str:
         lines.append("no runs recorded")
     for run in report.runs:
         state = "ended" if run.ended_at is not None else "not ended (live, or killed)"
-        computed = run.real_tokens + run.padded_tokens
-        waste = f"{run.padded_tokens / computed:.1%}" if computed else "n/a"
+        computed = run.num_real_tokens + run.padding_tokens
+        waste = f"{run.padding_tokens / computed:.1%}" if computed else "n/a"
         batches = run.replays + run.eager_batches
         hits = f"{run.replays / batches:.1%}" if batches else "n/a"
         lines.append(

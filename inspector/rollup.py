@@ -31,14 +31,14 @@ class Traffic:
     """Replays and tokens of some slice of the traffic, plus the batches that ran eagerly."""
 
     replays: int = 0
-    real_tokens: int = 0
-    padded_tokens: int = 0
+    num_real_tokens: int = 0
+    padding_tokens: int = 0
     eager_batches: int = 0
 
     def add(self, other: Traffic) -> None:
         self.replays += other.replays
-        self.real_tokens += other.real_tokens
-        self.padded_tokens += other.padded_tokens
+        self.num_real_tokens += other.num_real_tokens
+        self.padding_tokens += other.padding_tokens
         self.eager_batches += other.eager_batches
 
     @property
@@ -50,8 +50,8 @@ class Traffic:
     @property
     def padding_waste(self) -> float | None:
         """Share of the tokens computed by replays that were padding (None before any replay)."""
-        computed = self.real_tokens + self.padded_tokens
-        return self.padded_tokens / computed if computed else None
+        computed = self.num_real_tokens + self.padding_tokens
+        return self.padding_tokens / computed if computed else None
 
 
 @dataclass
@@ -225,7 +225,8 @@ class Rollup:
         w = ReplayWindow
         bucket = _bucket(conn, w.window_start, grain)
         for run_id, index, replays, real, padded in conn.execute(
-            select(w.run_id, bucket, *(integer_sum(c) for c in (w.replays, w.real_tokens, w.padded_tokens)))
+            select(w.run_id, bucket, *(integer_sum(c) for c in (w.replays, w.num_real_tokens,
+                                                                  w.padding_tokens)))
             .where(w.id > self._last_ids["replay"], w.id <= upto)
             .group_by(w.run_id, bucket)
         ):
@@ -244,9 +245,9 @@ class Rollup:
     def _fold_batch_sizes(self, conn: Connection, upto: int) -> None:
         b = BatchSizeCount
         for run_id, size, batches in conn.execute(
-            select(b.run_id, b.num_tokens, integer_sum(b.batches))
+            select(b.run_id, b.num_real_tokens, integer_sum(b.batches))
             .where(b.id > self._last_ids["sizes"], b.id <= upto)
-            .group_by(b.run_id, b.num_tokens)
+            .group_by(b.run_id, b.num_real_tokens)
         ):
             self._run(run_id).batch_sizes[size] += batches
 

@@ -50,7 +50,7 @@ class RunInfo:
 def descriptor_values(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> dict[str, object]:
     return {
         "mode": mode.label,
-        "num_tokens": descriptor.num_tokens,
+        "captured_size": descriptor.captured_size,
         "num_reqs": descriptor.num_reqs,
         "uniform": descriptor.uniform,
         "has_lora": descriptor.has_lora,
@@ -215,8 +215,8 @@ class RunWriter:
             graph_id = self._graph_id(staged, key)
             counts = {
                 "replays": delta.replays,
-                "real_tokens": delta.real_tokens,
-                "padded_tokens": delta.padded_tokens,
+                "num_real_tokens": delta.num_real_tokens,
+                "padding_tokens": delta.padding_tokens,
             }
             described = descriptor_values(delta.mode, delta.descriptor)
             windows.append(
@@ -250,8 +250,8 @@ class RunWriter:
                 .values(
                     graph_id=bindparam("k_graph"),
                     replays=t.replays + bindparam("d_replays"),
-                    real_tokens=t.real_tokens + bindparam("d_real_tokens"),
-                    padded_tokens=t.padded_tokens + bindparam("d_padded_tokens"),
+                    num_real_tokens=t.num_real_tokens + bindparam("d_num_real_tokens"),
+                    padding_tokens=t.padding_tokens + bindparam("d_padding_tokens"),
                     updated_at=bindparam("k_now"),
                 ),
                 bumps,
@@ -259,12 +259,13 @@ class RunWriter:
 
         fallbacks, new_eager, eager_bumps = [], [], []
         for (reason, mode), (batches, tokens) in traffic.eager.items():
-            row = {"run_id": run_id, "reason": reason, "mode": mode, "batches": batches, "tokens": tokens}
+            row = {"run_id": run_id, "reason": reason, "mode": mode, "batches": batches,
+                   "num_real_tokens": tokens}
             fallbacks.append(row | {"window_start": start, "window_end": end})
             if (reason, mode) in self.eager_totals or (reason, mode) in staged.eager_totals:
                 eager_bumps.append(
                     {"k_run": run_id, "k_reason": reason, "k_mode": mode, "k_now": now}
-                    | {"d_batches": batches, "d_tokens": tokens}
+                    | {"d_batches": batches, "d_num_real_tokens": tokens}
                 )
             else:
                 new_eager.append(row | {"updated_at": now})
@@ -284,14 +285,14 @@ class RunWriter:
                 )
                 .values(
                     batches=e.batches + bindparam("d_batches"),
-                    tokens=e.tokens + bindparam("d_tokens"),
+                    num_real_tokens=e.num_real_tokens + bindparam("d_num_real_tokens"),
                     updated_at=bindparam("k_now"),
                 ),
                 eager_bumps,
             )
 
         sizes = [
-            {"run_id": run_id, "window_start": start, "num_tokens": size, "batches": batches}
+            {"run_id": run_id, "window_start": start, "num_real_tokens": size, "batches": batches}
             for size, batches in sorted(traffic.batch_sizes.items())
         ]
         if sizes:

@@ -51,7 +51,7 @@ def faulted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproc
 @pytest.mark.slow
 def test_demo_records_full_and_piecewise_graphs_replays_and_the_two_injected_faults(faulted_run) -> None:
     db, _ = faulted_run
-    graphs = rows(db, "SELECT mode, num_tokens, num_reqs, num_segments, unexpected, backend FROM graphs")
+    graphs = rows(db, "SELECT mode, captured_size, num_reqs, num_segments, unexpected, backend FROM graphs")
     full = sorted(n for mode, n, reqs, _, unexpected, _ in graphs if mode == "full" and not unexpected)
     piecewise = sorted(n for mode, n, _, _, unexpected, _ in graphs if mode == "piecewise" and not unexpected)
     assert full == POW2_256 and piecewise == POW2_256
@@ -62,10 +62,11 @@ def test_demo_records_full_and_piecewise_graphs_replays_and_the_two_injected_fau
     assert {backend for *_, backend in graphs} == {"eager"}
     replays = dict(rows(db, "SELECT mode, SUM(replays) FROM replay_windows GROUP BY mode"))
     assert replays["full"] > 0 and replays["piecewise"] > 0, replays
-    real, padded = rows(db, "SELECT SUM(real_tokens), SUM(padded_tokens) FROM replay_windows")[0]
+    real, padded = rows(db, "SELECT SUM(num_real_tokens), SUM(padding_tokens) FROM replay_windows")[0]
     assert real > 0 and padded > 0
     # Eager fallbacks only where the traffic went above the largest capture size, and every such step.
-    above = rows(db, "SELECT COALESCE(SUM(batches), 0) FROM batch_size_counts WHERE num_tokens > 256")[0][0]
+    above = rows(db, "SELECT COALESCE(SUM(batches), 0) FROM batch_size_counts "
+                     "WHERE num_real_tokens > 256")[0][0]
     eager = rows(db, "SELECT reason, SUM(batches) FROM eager_fallbacks GROUP BY reason")
     assert eager == ([("above_max_capture_size", above)] if above else [])
     assert sum(replays.values()) + above == 60
@@ -79,7 +80,7 @@ def test_demo_records_full_and_piecewise_graphs_replays_and_the_two_injected_fau
 @pytest.mark.slow
 def test_the_warm_start_moves_the_token_count_from_the_first_step(faulted_run) -> None:
     db, _ = faulted_run
-    sizes = rows(db, "SELECT num_tokens, batches FROM batch_size_counts")
+    sizes = rows(db, "SELECT num_real_tokens, batches FROM batch_size_counts")
     assert min(n for n, _ in sizes) > 50, "an engine already busy: no cold ramp from one request"
     assert len(sizes) > 20, f"the token count should move from step to step: {sizes}"
 
@@ -107,11 +108,11 @@ def test_demo_without_faults_records_no_violations_and_same_seed_same_traffic(tm
         assert rows(db, "SELECT COUNT(*) FROM violations") == [(0,)]
         assert rows(db, "SELECT COUNT(*) FROM graphs WHERE unexpected") == [(0,)]
         for mode in ("full", "piecewise"):
-            sizes = [n for (n,) in rows(db, f"SELECT num_tokens FROM graphs WHERE mode = '{mode}' "
-                                            "ORDER BY num_tokens")]
+            sizes = [n for (n,) in rows(db, f"SELECT captured_size FROM graphs WHERE mode = '{mode}' "
+                                            "ORDER BY captured_size")]
             assert sizes == [1, 2, 4, *range(8, 65, 8)], mode
-        histograms.append(rows(db, "SELECT num_tokens, SUM(batches) FROM batch_size_counts "
-                                   "GROUP BY num_tokens ORDER BY num_tokens"))
+        histograms.append(rows(db, "SELECT num_real_tokens, SUM(batches) FROM batch_size_counts "
+                                   "GROUP BY num_real_tokens ORDER BY num_real_tokens"))
     assert histograms[0] == histograms[1]
     assert len(histograms[0]) > 3, "the batch size should change from step to step"
     assert "injected" not in result.stdout
@@ -162,7 +163,7 @@ def test_full_decode_only_is_the_decode_only_demo_as_before(tmp_path: Path) -> N
     # a cold start whose batch climbs from one request, decode steps only.
     assert "batch sizes       1..28, mean 15, changed on 56% of steps (22 distinct sizes)" in result.stdout
     assert "chunked prefill" not in result.stdout and "step kinds" not in result.stdout
-    graphs = rows(db, "SELECT mode, num_tokens, num_reqs, uniform FROM graphs WHERE NOT unexpected")
+    graphs = rows(db, "SELECT mode, captured_size, num_reqs, uniform FROM graphs WHERE NOT unexpected")
     assert sorted(graphs) == [("full", n, n, 1) for n in POW2_256]
     assert rows(db, "SELECT COUNT(*) FROM eager_fallbacks") == [(0,)]
     assert rows(db, "SELECT SUM(replays) FROM replay_windows") == [(40,)]
@@ -178,14 +179,14 @@ def test_ubatch_captures_the_big_buckets_as_micro_batched_graphs(tmp_path: Path)
     assert result.returncode == 0, explain(result)
     announced = "micro-batching: 4 buckets (32, 64, 128, 256) captured as one graph of 2 micro-batches"
     assert announced in result.stdout
-    graphs = rows(db, "SELECT num_tokens, num_ubatches, ubatch_slices FROM graphs WHERE NOT unexpected")
+    graphs = rows(db, "SELECT captured_size, num_ubatches, ubatch_slices FROM graphs WHERE NOT unexpected")
     ubatched = {n: (k, slices) for n, k, slices in graphs if k > 1}
     assert sorted(ubatched) == [32, 64, 128, 256]
     assert ubatched[32] == (2, "[[0, 16, 0, 16], [16, 32, 16, 32]]")
     assert sorted(n for n, k, _ in graphs if k == 1) == [1, 2, 4, 8, 16]
     # The same traffic as without --ubatch (same seed): the steps of 17 tokens or more were split.
     assert "batch sizes       1..28, mean 15, changed on 56% of steps (22 distinct sizes)" in result.stdout
-    split = rows(db, "SELECT SUM(replays) FROM replay_windows WHERE num_tokens >= 32")[0][0]
+    split = rows(db, "SELECT SUM(replays) FROM replay_windows WHERE captured_size >= 32")[0][0]
     assert f"micro-batched     {split} of 40 steps ran as 2 micro-batches in one graph" in result.stdout
     assert rows(db, "SELECT kind, injected FROM violations ORDER BY kind") == [
         ("address_drift", 1), ("unexpected_capture", 1)]

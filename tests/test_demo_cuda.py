@@ -25,7 +25,7 @@ def test_demo_on_cuda_records_full_and_piecewise_graphs_with_pool_memory(tmp_pat
     assert "cuda backend" in result.stdout
     with sqlite3.connect(db) as conn:
         graphs = conn.execute(
-            "SELECT mode, num_tokens, backend, pool_bytes, num_segments FROM graphs WHERE NOT unexpected"
+            "SELECT mode, captured_size, backend, pool_bytes, num_segments FROM graphs WHERE NOT unexpected"
         ).fetchall()
         violations = conn.execute("SELECT kind, injected FROM violations ORDER BY kind").fetchall()
         replays = dict(conn.execute("SELECT mode, SUM(replays) FROM replay_windows GROUP BY mode").fetchall())
@@ -56,9 +56,11 @@ def test_demo_on_cuda_with_ubatch_captures_micro_batched_graphs(tmp_path: Path) 
     assert result.returncode == 0, result.stdout + result.stderr
     with sqlite3.connect(db) as conn:
         graphs = conn.execute(
-            "SELECT num_tokens, num_ubatches, backend, pool_bytes FROM graphs WHERE NOT unexpected"
+            "SELECT captured_size, num_ubatches, backend, pool_bytes FROM graphs WHERE NOT unexpected"
         ).fetchall()
-        split = conn.execute("SELECT SUM(replays) FROM replay_windows WHERE num_tokens >= 32").fetchone()[0]
+        split = conn.execute(
+            "SELECT SUM(replays) FROM replay_windows WHERE captured_size >= 32"
+        ).fetchone()[0]
     assert sorted(n for n, k, _, _ in graphs if k == 2) == [32, 64, 128, 256]
     assert {backend for _, _, backend, _ in graphs} == {"cuda"}
     assert max(pool for n, _, _, pool in graphs if n == 256) > 0

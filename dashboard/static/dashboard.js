@@ -142,7 +142,7 @@
 
   function wasteConfig(s) {
     const rows = s.charts.waste_by_size;
-    const sizes = [...new Set(rows.map((r) => r.size))].sort((a, b) => a - b);
+    const sizes = [...new Set(rows.map((r) => r.captured_size))].sort((a, b) => a - b);
     const modes = [...new Set(rows.map((r) => r.mode))].sort();
     return {
       type: "bar",
@@ -152,7 +152,7 @@
           label: mode,
           backgroundColor: COLORS[mode] || COLORS.replays,
           data: sizes.map((size) => {
-            const row = rows.find((r) => r.size === size && r.mode === mode);
+            const row = rows.find((r) => r.captured_size === size && r.mode === mode);
             return row && row.padding_waste !== null ? row.padding_waste * 100 : null;
           }),
         })),
@@ -169,11 +169,11 @@
   function batchesConfig(s) {
     const rows = s.charts.batch_sizes;
     const sizes = s.charts.capture_sizes;
-    const largest = Math.max(1, ...rows.map((r) => r.size), ...sizes);
+    const largest = Math.max(1, ...rows.map((r) => r.num_real_tokens), ...sizes);
     return {
       type: "bar",
       data: { datasets: [{ label: "batches of this many tokens", backgroundColor: COLORS.replays,
-                           data: rows.map((r) => ({ x: r.size, y: r.batches })), barPercentage: 1, categoryPercentage: 1 }] },
+                           data: rows.map((r) => ({ x: r.num_real_tokens, y: r.batches })), barPercentage: 1, categoryPercentage: 1 }] },
       options: Object.assign(baseOptions(), {
         scales: { x: { type: "linear", min: 0, max: largest + 1, title: { display: true, text: "real tokens per batch (dashed: capture sizes)" },
                        grid: { display: false } },
@@ -209,7 +209,7 @@
           borderColor: COLORS[mode] || COLORS.replays,
           pointStyle: ["circle", "triangle", "rect"][i % 3],
           pointRadius: 4,
-          data: rows.filter((r) => r.mode === mode).map((r) => ({ x: r.size, y: r.pool_bytes / 1048576, id: r.id })),
+          data: rows.filter((r) => r.mode === mode).map((r) => ({ x: r.captured_size, y: r.pool_bytes / 1048576, id: r.id })),
         })),
       },
       options: Object.assign(baseOptions(), {

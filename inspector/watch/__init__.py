@@ -11,7 +11,7 @@ capture_core (vLLM, SGLang, torch.compile's cudagraph trees, a hand-written deco
 
 What is recorded, per process (one run per rank): every graph as a ``graphs`` row (mode "full",
 backend "cuda", ``wrapper`` = the capture call site, ``descriptor_key`` = call site + input shapes
-+ a digest, ``num_tokens`` = the first input's leading dimension, ``pool_bytes`` = what the capture
++ a digest, ``captured_size`` = the first input's leading dimension, ``pool_bytes`` = what the capture
 added to its pool); replays per graph in ``replay_windows``/``replay_totals``; unexpected captures,
 re-recording storms and torch.compile skips in ``violations`` (``unexpected_capture``,
 ``rerecord_storm``, ``compile_skip``); skips and re-records with the compiler's reason in

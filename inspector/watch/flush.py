@@ -141,13 +141,13 @@ class WatchFlusher:
         )  # the latest capture of an identity wins
         windows, new_totals = [], set()
         for identity, (graph, replays) in by_key.items():
-            tokens = replays * graph.num_tokens
+            tokens = replays * graph.descriptor.captured_size
             row = _descriptor_columns(graph) | {
                 "run_id": run_id,
                 "graph_id": graph_ids.get(identity),
                 "replays": replays,
-                "real_tokens": tokens,
-                "padded_tokens": 0,
+                "num_real_tokens": tokens,
+                "padding_tokens": 0,
             }
             windows.append(row | {"window_start": self._window_start, "window_end": now})
             if identity in self._totals:
@@ -160,7 +160,7 @@ class WatchFlusher:
                     )
                     .values(
                         replays=ReplayTotal.replays + replays,
-                        real_tokens=ReplayTotal.real_tokens + tokens,
+                        num_real_tokens=ReplayTotal.num_real_tokens + tokens,
                         graph_id=row["graph_id"],
                         updated_at=now,
                     )
@@ -176,7 +176,7 @@ def _descriptor_columns(graph: WatchedGraph) -> dict[str, object]:
     descriptor = graph.descriptor
     return {
         "mode": "full",
-        "num_tokens": descriptor.num_tokens,
+        "captured_size": descriptor.captured_size,
         "num_reqs": descriptor.num_reqs,
         "uniform": descriptor.uniform,
         "has_lora": descriptor.has_lora,

@@ -22,7 +22,7 @@ class GraphLine:
     rank: int
     key: str
     site: str
-    num_tokens: int
+    captured_size: int
     pool_bytes: int
     capture_seconds: float
     unexpected: bool
@@ -100,7 +100,7 @@ def watch_summary(
                     rank=ranks[graph.run_id],
                     key=graph.descriptor_key,
                     site=graph.wrapper,
-                    num_tokens=graph.num_tokens,
+                    captured_size=graph.captured_size,
                     pool_bytes=graph.pool_bytes,
                     capture_seconds=graph.capture_seconds,
                     unexpected=graph.unexpected,

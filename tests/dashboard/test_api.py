@@ -42,7 +42,7 @@ def test_summary_totals_match_the_seeded_traffic(
         traffic["replays"] / (traffic["replays"] + traffic["eager_batches"])
     )
     assert traffic["padding_waste"] == pytest.approx(
-        traffic["padded_tokens"] / (traffic["padded_tokens"] + traffic["real_tokens"])
+        traffic["padding_tokens"] / (traffic["padding_tokens"] + traffic["num_real_tokens"])
     )
     assert data["violations"] == {"findings": 3, "by_kind": {"address_drift": 2, "unexpected_capture": 1}}
     assert [e["reason"] for e in data["eager"]] == ["above_max_capture_size"]
@@ -68,7 +68,7 @@ def test_graphs_paginate_filter_and_sort(client: FlaskClient, seeded: dict[str, 
     full = get_ok(client, url)["data"]["items"]
     assert len(full) == 35 and {g["mode"] for g in full} == {"piecewise"}
     sized = get_ok(client, "/api/graphs?size=64")["data"]["items"]
-    assert {g["descriptor"]["num_tokens"] for g in sized} == {64} and len(sized) == 3
+    assert {g["descriptor"]["captured_size"] for g in sized} == {64} and len(sized) == 3
     by_memory = get_ok(client, "/api/graphs?sort=pool_bytes&order=desc&per_page=5")["data"]["items"]
     memory = [g["pool_bytes"] for g in by_memory]
     assert memory == sorted(memory, reverse=True)
@@ -138,7 +138,7 @@ def test_runs_list_and_compare(app: Flask, client: FlaskClient, seeded: dict[str
     assert runs[1]["graphs"] == 70 and runs[1]["config"]["mode"] == "full_and_piecewise"
     compare = get_ok(client, f"/api/runs/compare?a={seeded['cuda_run']}&b={seeded['eager_run']}")["data"]
     assert compare["a"]["id"] == seeded["cuda_run"] and compare["b"]["graphs"] == 7
-    sixteen = next(r for r in compare["by_size"] if r["mode"] == "full" and r["size"] == 16)
+    sixteen = next(r for r in compare["by_size"] if r["mode"] == "full" and r["captured_size"] == 16)
     assert sixteen["a_graphs"] == 1 and sixteen["b_graphs"] == 1
 
 

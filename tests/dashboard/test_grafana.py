@@ -83,7 +83,7 @@ def test_dashboard_asks_for_its_data_source() -> None:
     ("alert", "metric"),
     [
         ("GraphInspectorViolationsIncreasing", "graph_inspector_violations_total"),
-        ("GraphInspectorPaddingWasteHigh", "graph_inspector_padded_tokens_total"),
+        ("GraphInspectorPaddingWasteHigh", "graph_inspector_padding_tokens_total"),
         ("GraphInspectorHitRatioFalling", "graph_inspector_eager_fallbacks_total"),
         ("GraphInspectorCompileRerecording", "graph_inspector_compile_events_total"),
     ],

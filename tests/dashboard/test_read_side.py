@@ -15,12 +15,12 @@ from inspector.store import Store
 from tests.support.sample import seed_sample
 
 
-def window(run_id: int, start: float, replays: int = 10, real: int = 70, padded: int = 10) -> dict:
-    return {"run_id": run_id, "graph_id": None, "mode": "full", "num_tokens": 8, "num_reqs": 8,
+def window(run_id: int, start: float, replays: int = 10, real: int = 70, padding: int = 10) -> dict:
+    return {"run_id": run_id, "graph_id": None, "mode": "full", "captured_size": 8, "num_reqs": 8,
             "uniform": True, "has_lora": False, "num_active_loras": 0,
             "descriptor_key": "tokens=8,reqs=8,uniform=1",
-            "window_start": start, "window_end": start + 1, "replays": replays, "real_tokens": real,
-            "padded_tokens": padded}
+            "window_start": start, "window_end": start + 1, "replays": replays, "num_real_tokens": real,
+            "padding_tokens": padding}
 
 
 def series_replays(queries: Queries, run_id: int | None = None) -> int:
@@ -119,7 +119,7 @@ def test_series_are_at_most_the_points_asked_for(store: Store) -> None:
 def test_traffic_ratios_are_none_before_any_traffic() -> None:
     assert Traffic().hit_ratio is None and Traffic().padding_waste is None
     assert Traffic(replays=3, eager_batches=1).hit_ratio == 0.75
-    assert Traffic(real_tokens=3, padded_tokens=1).padding_waste == 0.25
+    assert Traffic(num_real_tokens=3, padding_tokens=1).padding_waste == 0.25
 
 
 def test_run_picker_lists_the_newest_runs_and_the_selected_one(store: Store) -> None:

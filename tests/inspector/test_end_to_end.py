@@ -60,7 +60,7 @@ def test_wrapper_traffic_lands_in_sqlite_and_reads_back(sqlite_url: str) -> None
         assert value(f"{PREFIX}replays_total", {"mode": "full", "captured_size": "4"}) == 3
         assert value(f"{PREFIX}replays_total", {"mode": "full", "captured_size": "8"}) == 2
         assert value(f"{PREFIX}eager_fallbacks_total", {"reason": "above_max_capture_size"}) == 1
-        assert value(f"{PREFIX}padded_tokens_total", {"mode": "full"}) == (1 - 1) + 2 * (4 - 3) + (8 - 5) + (
+        assert value(f"{PREFIX}padding_tokens_total", {"mode": "full"}) == (1 - 1) + 2 * (4 - 3) + (8 - 5) + (
             4 - 4
         )
     finally:
@@ -87,7 +87,7 @@ def test_recorder_fans_out_beside_another_observer(sqlite_url: str) -> None:
         def on_replay(self, mode, descriptor, num_real_tokens) -> None:
             pass
 
-        def on_eager(self, reason, num_tokens, mode) -> None:
+        def on_eager(self, reason, num_real_tokens, mode) -> None:
             pass
 
         def on_violation(self, event) -> None:

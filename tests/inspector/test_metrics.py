@@ -75,8 +75,8 @@ def test_scrape_reports_exact_values(db_url: str) -> None:
     assert value(f"{PREFIX}replays_total", {"mode": "full", "captured_size": "4"}) == 60
     assert value(f"{PREFIX}replays_total", {"mode": "piecewise", "captured_size": "8"}) == 20
     assert value(f"{PREFIX}real_tokens_total", {"mode": "full"}) == 180
-    assert value(f"{PREFIX}padded_tokens_total", {"mode": "full"}) == 60
-    assert value(f"{PREFIX}padded_tokens_total", {"mode": "piecewise"}) == 0
+    assert value(f"{PREFIX}padding_tokens_total", {"mode": "full"}) == 60
+    assert value(f"{PREFIX}padding_tokens_total", {"mode": "piecewise"}) == 0
     assert value(f"{PREFIX}eager_fallbacks_total", {"reason": "above_max_capture_size"}) == 20
     assert value(f"{PREFIX}violations_total", {"kind": "address_drift"}) == 4
     assert value(f"{PREFIX}violations_total", {"kind": "unexpected_capture"}) == 2

@@ -57,8 +57,8 @@ def test_replay_windows_sum_to_exactly_what_was_replayed(db_url: str) -> None:
         select(
             ReplayWindow.mode,
             func.sum(ReplayWindow.replays),
-            func.sum(ReplayWindow.real_tokens),
-            func.sum(ReplayWindow.padded_tokens),
+            func.sum(ReplayWindow.num_real_tokens),
+            func.sum(ReplayWindow.padding_tokens),
             func.count(),
         )
         .group_by(ReplayWindow.mode)
@@ -73,13 +73,15 @@ def test_replay_windows_sum_to_exactly_what_was_replayed(db_url: str) -> None:
     totals = fetch_rows(
         db_url,
         select(
-            ReplayTotal.mode, ReplayTotal.replays, ReplayTotal.real_tokens, ReplayTotal.padded_tokens
+            ReplayTotal.mode, ReplayTotal.replays, ReplayTotal.num_real_tokens, ReplayTotal.padding_tokens
         ).order_by(ReplayTotal.mode),
     )
     assert [tuple(t) for t in totals] == [tuple(w[:4]) for w in windows]
     unlinked = _scalar(db_url, select(func.count()).where(ReplayWindow.graph_id.is_(None)))
     assert unlinked == 0
-    eager = fetch_rows(db_url, select(func.sum(EagerFallback.batches), func.sum(EagerFallback.tokens)))
+    eager = fetch_rows(
+        db_url, select(func.sum(EagerFallback.batches), func.sum(EagerFallback.num_real_tokens))
+    )
     assert tuple(eager[0]) == (5, 1500)
     assert tuple(fetch_rows(db_url, select(EagerTotal.reason, EagerTotal.mode, EagerTotal.batches))[0]) == (
         "above_max_capture_size",
@@ -89,8 +91,8 @@ def test_replay_windows_sum_to_exactly_what_was_replayed(db_url: str) -> None:
     sizes = dict(
         fetch_rows(
             db_url,
-            select(BatchSizeCount.num_tokens, func.sum(BatchSizeCount.batches)).group_by(
-                BatchSizeCount.num_tokens
+            select(BatchSizeCount.num_real_tokens, func.sum(BatchSizeCount.batches)).group_by(
+                BatchSizeCount.num_real_tokens
             ),
         )
     )
@@ -136,7 +138,7 @@ def test_captures_and_violations_are_written_without_waiting_for_the_window(db_u
             if _scalar(db_url, select(func.count()).select_from(Violation)) == 1:
                 break
             time.sleep(0.02)
-        columns = (Graph.num_tokens, Graph.input_names, Graph.input_addresses, Graph.mode)
+        columns = (Graph.captured_size, Graph.input_names, Graph.input_addresses, Graph.mode)
         graph = fetch_rows(db_url, select(*columns))[0]
         violation = fetch_rows(
             db_url,
@@ -237,7 +239,7 @@ class _Counting(NullObserver):
     def __init__(self) -> None:
         self.eager = 0
 
-    def on_eager(self, reason, num_tokens, mode) -> None:
+    def on_eager(self, reason, num_real_tokens, mode) -> None:
         self.eager += 1
 
 

@@ -214,7 +214,7 @@ def test_folder_that_comes_back_gets_a_new_database_with_the_known_graphs(tmp_pa
     assert recorder.flush(timeout=20)
     recorder.close()
     assert recorder.dropped == 0
-    assert fetch_rows(url, select(Graph.num_tokens))[0][0] == 2
+    assert fetch_rows(url, select(Graph.captured_size))[0][0] == 2
     assert fetch_rows(url, select(ReplayWindow.replays, ReplayWindow.graph_id.is_not(None)))[0] == (1, True)
 
 

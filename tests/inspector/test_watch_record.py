@@ -53,7 +53,7 @@ def test_a_watched_process_lands_in_the_database(db: str) -> None:
         (run,) = session.scalars(select(Run))
         assert (run.label, run.backend, run.ended_at is not None) == ("decode-loop", "cuda", True)
         rows = list(session.scalars(select(Graph).order_by(Graph.id)))
-        assert [g.num_tokens for g in rows] == [8, 4, 2, 3]
+        assert [g.captured_size for g in rows] == [8, 4, 2, 3]
         assert [g.unexpected for g in rows] == [False, False, False, True]
         assert all(g.mode == "full" and "test_watch_record.py:" in g.wrapper for g in rows)
         assert all(g.descriptor_key.startswith("test_watch_record.py:") for g in rows)
@@ -76,7 +76,7 @@ def test_a_watched_process_lands_in_the_database(db: str) -> None:
 
     summary = watch_summary(store, label="decode-loop")
     assert [g.replays for g in summary.graphs] == [5, 1, 0, 0]
-    assert [g.num_tokens for g in summary.never_replayed] == [2, 3]
+    assert [g.captured_size for g in summary.never_replayed] == [2, 3]
     assert summary.violations == {"unexpected_capture": 1, "rerecord_storm": 1, "compile_skip": 2}
     text = summary.render()
     assert "4 graph(s), 6 replay(s)" in text and "never replayed: 2 graph(s)" in text

@@ -131,7 +131,7 @@ def seed_bulk(
                 _graph_row(run_id, "cuda", mode, size, captured_at=now - span, pool_bytes=size * MIB)
             )
         conn.execute(insert(Graph), graph_rows)
-        keys = select(Graph.id, Graph.run_id, Graph.mode, Graph.num_tokens, Graph.descriptor_key)
+        keys = select(Graph.id, Graph.run_id, Graph.mode, Graph.captured_size, Graph.descriptor_key)
         graph_keys = [tuple(row) for row in conn.execute(keys.order_by(Graph.id))]
     for rows in _chunked(_bulk_windows(now, span, graph_keys, windows), chunk):
         with engine.begin() as conn:
@@ -152,17 +152,18 @@ def seed_bulk(
 def derive_totals(conn: Connection) -> None:
     """Fill the running-totals tables from the windows, as the recorder keeps them while it writes."""
     w, e = ReplayWindow, EagerFallback
-    key = (w.run_id, w.mode, w.num_tokens, w.num_reqs, w.uniform, w.has_lora, w.num_active_loras,
+    key = (w.run_id, w.mode, w.captured_size, w.num_reqs, w.uniform, w.has_lora, w.num_active_loras,
            w.descriptor_key)
     conn.execute(insert(ReplayTotal).from_select(
         [column.key for column in key]
-        + ["graph_id", "replays", "real_tokens", "padded_tokens", "updated_at"],
-        select(*key, func.max(w.graph_id), func.sum(w.replays), func.sum(w.real_tokens),
-               func.sum(w.padded_tokens), func.max(w.window_end)).group_by(*key),
+        + ["graph_id", "replays", "num_real_tokens", "padding_tokens", "updated_at"],
+        select(*key, func.max(w.graph_id), func.sum(w.replays), func.sum(w.num_real_tokens),
+               func.sum(w.padding_tokens), func.max(w.window_end)).group_by(*key),
     ))
     conn.execute(insert(EagerTotal).from_select(
-        ["run_id", "reason", "mode", "batches", "tokens", "updated_at"],
-        select(e.run_id, e.reason, e.mode, func.sum(e.batches), func.sum(e.tokens), func.max(e.window_end))
+        ["run_id", "reason", "mode", "batches", "num_real_tokens", "updated_at"],
+        select(e.run_id, e.reason, e.mode, func.sum(e.batches), func.sum(e.num_real_tokens),
+               func.max(e.window_end))
         .group_by(e.run_id, e.reason, e.mode),
     ))
 
@@ -188,7 +189,7 @@ def _graph_row(run_id: int, backend: str, mode: str, size: int, *, captured_at: 
     descriptor = _descriptor(mode, size)
     base = 0x7F3A2C000000 + size * 0x1000
     return {
-        "run_id": run_id, "mode": mode, "num_tokens": size, "num_reqs": descriptor.num_reqs,
+        "run_id": run_id, "mode": mode, "captured_size": size, "num_reqs": descriptor.num_reqs,
         "uniform": descriptor.uniform, "has_lora": False, "num_active_loras": 0,
         "descriptor_key": descriptor.key, "wrapper": "LlamaForCausalLM.forward", "backend": backend,
         "input_names": json.dumps(INPUT_NAMES),
@@ -232,12 +233,12 @@ def _insert_traffic(conn: Connection, run_id: int, graphs: dict[tuple[str, int],
         batches = Counter(next(steps) for _ in range(40))
         per_graph: dict[tuple[str, int], list[int]] = {}
         for n, count in batches.items():
-            histogram.append({"run_id": run_id, "window_start": t, "num_tokens": n, "batches": count})
+            histogram.append({"run_id": run_id, "window_start": t, "num_real_tokens": n, "batches": count})
             padded = table.pad(n)
             if padded is None:
                 eager.append({"run_id": run_id, "window_start": t, "window_end": t + window,
                               "reason": "above_max_capture_size", "mode": "full", "batches": count,
-                              "tokens": n * count})
+                              "num_real_tokens": n * count})
                 continue
             mode = "full" if rng.random() < 0.8 or ("piecewise", padded) not in graphs else "piecewise"
             entry = per_graph.setdefault((mode, padded), [0, 0, 0])
@@ -247,10 +248,10 @@ def _insert_traffic(conn: Connection, run_id: int, graphs: dict[tuple[str, int],
         for (mode, size), (replays, real, pad) in per_graph.items():
             descriptor = _descriptor(mode, size)
             windows.append({
-                "run_id": run_id, "graph_id": graphs[(mode, size)], "mode": mode, "num_tokens": size,
+                "run_id": run_id, "graph_id": graphs[(mode, size)], "mode": mode, "captured_size": size,
                 "num_reqs": descriptor.num_reqs, "uniform": descriptor.uniform, "has_lora": False,
                 "num_active_loras": 0, "descriptor_key": descriptor.key, "window_start": t,
-                "window_end": t + window, "replays": replays, "real_tokens": real, "padded_tokens": pad,
+                "window_end": t + window, "replays": replays, "num_real_tokens": real, "padding_tokens": pad,
             })
         t += window
     conn.execute(insert(ReplayWindow), windows)
@@ -275,7 +276,7 @@ def _insert_violation(conn: Connection, run_id: int, kind: str, graph_id: int, *
     graph = conn.execute(Graph.__table__.select().where(Graph.id == graph_id)).one()
     return conn.execute(
         insert(Violation).returning(Violation.id),
-        {"run_id": run_id, "kind": kind, "mode": graph.mode, "num_tokens": graph.num_tokens,
+        {"run_id": run_id, "kind": kind, "mode": graph.mode, "captured_size": graph.captured_size,
          "num_reqs": graph.num_reqs, "uniform": graph.uniform, "has_lora": False, "num_active_loras": 0,
          "descriptor_key": graph.descriptor_key, "wrapper": graph.wrapper, "input_name": input_name,
          "expected_address": expected, "actual_address": actual, "message": message,
@@ -312,10 +313,10 @@ def _bulk_windows(now: float, span: float, graphs: list[tuple[int, int, str, int
         graph_id, run_id, mode, size, key = graphs[i % len(graphs)]
         t = now - span + (i // len(graphs)) * step
         real = size * (5 + i % 7)
-        yield {"run_id": run_id, "graph_id": graph_id, "mode": mode, "num_tokens": size,
+        yield {"run_id": run_id, "graph_id": graph_id, "mode": mode, "captured_size": size,
                "num_reqs": size if mode == "full" else None, "uniform": mode == "full", "has_lora": False,
                "num_active_loras": 0, "descriptor_key": key, "window_start": t, "window_end": t + step,
-               "replays": 10, "real_tokens": real, "padded_tokens": size * 10 - real}
+               "replays": 10, "num_real_tokens": real, "padding_tokens": size * 10 - real}
 
 
 def _bulk_eager(now: float, span: float, run_ids: list[int], count: int) -> Iterator[dict[str, Any]]:
@@ -323,13 +324,14 @@ def _bulk_eager(now: float, span: float, run_ids: list[int], count: int) -> Iter
     for i in range(count):
         t = now - span + i * span / count
         yield {"run_id": run_ids[i % len(run_ids)], "window_start": t, "window_end": t + 1.0,
-               "reason": reasons[i % len(reasons)], "mode": "full", "batches": 1 + i % 3, "tokens": 600}
+               "reason": reasons[i % len(reasons)], "mode": "full", "batches": 1 + i % 3,
+               "num_real_tokens": 600}
 
 
 def _bulk_batch_sizes(now: float, span: float, run_ids: list[int], count: int) -> Iterator[dict[str, Any]]:
     for i in range(count):
         yield {"run_id": run_ids[i % len(run_ids)], "window_start": now - span + i * span / count,
-               "num_tokens": 1 + (i * 37) % 600, "batches": 1 + i % 5}
+               "num_real_tokens": 1 + (i * 37) % 600, "batches": 1 + i % 5}
 
 
 def _bulk_violations(now: float, span: float, graphs: list[tuple[int, int, str, int, str]], count: int
@@ -339,7 +341,7 @@ def _bulk_violations(now: float, span: float, graphs: list[tuple[int, int, str, 
         t = now - span + i * span / count
         drift = i % 4 != 0
         yield {"run_id": run_id, "kind": "address_drift" if drift else "unexpected_capture", "mode": mode,
-               "num_tokens": size, "num_reqs": size if mode == "full" else None, "uniform": mode == "full",
+               "captured_size": size, "num_reqs": size if mode == "full" else None, "uniform": mode == "full",
                "has_lora": False, "num_active_loras": 0, "descriptor_key": key,
                "wrapper": "LlamaForCausalLM.forward", "input_name": "positions" if drift else None,
                "expected_address": 0x7F0000000000 + i if drift else None,

@@ -1,0 +1,116 @@
+"""Schema migrations keep what was recorded: a database at the previous head, with a recorder's rows
+in it, reads the same figures once upgraded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alembic import command
+from prometheus_client import CollectorRegistry
+from sqlalchemy import create_engine, inspect, text
+from workers import FULL, PIECEWISE, capture, drift
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.sizes import EagerReason
+from inspector import schema
+from inspector.metrics import InspectorCollector
+from inspector.models import Base
+from inspector.queries import Queries
+from inspector.recorder import Recorder
+from inspector.report import build_report, render_json
+from inspector.store import open_store
+
+BEFORE_VOCABULARY = "0003_compile_events"
+OLD_COLUMNS = {
+    "graphs": {"num_tokens"},
+    "replay_windows": {"num_tokens", "real_tokens", "padded_tokens"},
+    "replay_totals": {"num_tokens", "real_tokens", "padded_tokens"},
+    "violations": {"num_tokens"},
+    "eager_fallbacks": {"tokens"},
+    "eager_totals": {"tokens"},
+    "batch_size_counts": {"num_tokens"},
+}
+
+
+def _record(url: str) -> None:
+    d4, d8 = BatchDescriptor(4, 4, True), BatchDescriptor(8, None)
+    with Recorder(url, label="before the upgrade", flush_interval=0.05) as recorder:
+        recorder.on_capture(capture(d4))
+        recorder.on_capture(capture(d8, mode=PIECEWISE))
+        for round_ in range(3):
+            for _ in range(50):
+                recorder.on_replay(FULL, d4, 3)
+                recorder.on_replay(PIECEWISE, d8, 5 + round_)
+            recorder.on_eager(EagerReason.ABOVE_MAX_CAPTURE_SIZE, 300, PIECEWISE)
+            recorder.on_violation(drift(d4, actual=0x1000 + round_))
+            assert recorder.flush(timeout=10)
+
+
+def _tables(url: str) -> dict[str, list[tuple]]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {
+                name: [tuple(row) for row in conn.execute(table.select().order_by(table.c.id))]
+                for name, table in Base.metadata.tables.items()
+            }
+    finally:
+        engine.dispose()
+
+
+def _figures(url: str) -> dict[str, Any]:
+    """What the overview, the report and /metrics say about the database."""
+    store = open_store(url, upgrade=False)
+    try:
+        summary = Queries(store.engine).summary()
+        report = render_json(build_report(store)).splitlines()
+        registry = CollectorRegistry()
+        registry.register(InspectorCollector(store))
+        metrics = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in registry.collect()
+            for sample in family.samples
+            if family.name != "graph_inspector_scrape_duration_seconds"
+        }
+    finally:
+        store.dispose()
+    summary["runs"].pop("live")
+    return {"summary": summary, "report": [line for line in report if '"generated_at"' not in line],
+            "metrics": metrics}
+
+
+def _columns(url: str) -> dict[str, set[str]]:
+    engine = create_engine(url)
+    try:
+        found = inspect(engine)
+        return {table: {c["name"] for c in found.get_columns(table)} for table in OLD_COLUMNS}
+    finally:
+        engine.dispose()
+
+
+def test_the_vocabulary_migration_keeps_every_row_and_figure(db_url: str) -> None:
+    _record(db_url)
+    rows, figures = _tables(db_url), _figures(db_url)
+    assert figures["summary"]["traffic"]["replays"] == 300 and figures["summary"]["eager"]
+
+    engine = create_engine(db_url)  # no foreign-key pragma: the batch rebuilds must not cascade
+    with engine.begin() as conn:
+        command.downgrade(schema.alembic_config(conn), BEFORE_VOCABULARY)
+    engine.dispose()
+    old = _columns(db_url)
+    assert all(names <= old[table] for table, names in OLD_COLUMNS.items()), old
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        replays, real, padding = conn.execute(
+            text("SELECT SUM(replays), SUM(real_tokens), SUM(padded_tokens) FROM replay_totals")
+        ).one()
+    engine.dispose()
+    traffic = figures["summary"]["traffic"]
+    assert replays == traffic["replays"]
+    assert (real, padding) == (traffic["num_real_tokens"], traffic["padding_tokens"])
+
+    store = open_store(db_url)  # what every recorder and the daemon do on start: upgrade to head
+    assert store.current_revision() == schema.head_revision()
+    store.dispose()
+    assert _tables(db_url) == rows
+    assert _figures(db_url) == figures
