@@ -99,7 +99,7 @@ def hot_path(recorder: Any, events: list, rounds: int) -> dict[str, Any]:
 
 def flush_throughput(graphs: int, repeats: int) -> dict[str, Any]:
     """Rows per second the writer commits: one flush of ``graphs`` graph keys' windows and totals."""
-    from inspector.batch import FlushBatch, ReplayDelta, Traffic, graph_key
+    from inspector.batch import FlushBatch, ReplayDelta, TrafficWindow, graph_key
     from inspector.store import open_store
     from inspector.writer import RunInfo, RunWriter
 
@@ -112,7 +112,7 @@ def flush_throughput(graphs: int, repeats: int) -> dict[str, Any]:
         descriptors = [BatchDescriptor(t, t, True) for t in range(1, graphs + 1)]
         for repeat in range(repeats):
             now = time.time()
-            batch_traffic = Traffic(now - 1.0, now)
+            batch_traffic = TrafficWindow(now - 1.0, now)
             for descriptor in descriptors:
                 delta = ReplayDelta(
                     FULL, descriptor, replays=100, num_real_tokens=100 * descriptor.captured_size - 7

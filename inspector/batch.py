@@ -66,7 +66,7 @@ class ReplayDelta:
 
 
 @dataclass
-class Traffic:
+class TrafficWindow:
     """Everything counted in the hot path since the last committed window."""
 
     window_start: float
@@ -87,7 +87,7 @@ class FlushBatch:
 
     captures: list[CaptureEvent]
     violations: dict[ViolationKey, PendingViolation]
-    traffic: Traffic
+    traffic: TrafficWindow
     backend: str | None
     dropped_events: int
     ended_at: float | None = None

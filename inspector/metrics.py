@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from sqlalchemy import Connection, and_, func, select
 
 from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
 from inspector.store import Store
+from inspector.traffic import TrafficTotals, eager_totals, replay_totals, run_traffic
 
 log = logging.getLogger(__name__)
 
@@ -196,37 +198,16 @@ class InspectorCollector(Collector):
             f[f"{PREFIX}captures_total"].add_metric([mode], count)
             f[f"{PREFIX}capture_duration_seconds"].add_metric([mode], count_value=count, sum_value=seconds)
 
-        replays = real = padded = 0
-        by_mode: dict[str, list[int]] = {}
-        for mode, size, n, r, p in conn.execute(
-            select(
-                ReplayTotal.mode,
-                ReplayTotal.captured_size,
-                func.sum(ReplayTotal.replays),
-                func.sum(ReplayTotal.num_real_tokens),
-                func.sum(ReplayTotal.padding_tokens),
-            )
-            .group_by(ReplayTotal.mode, ReplayTotal.captured_size)
-            .order_by(ReplayTotal.mode, ReplayTotal.captured_size)
-        ):
-            n, r, p = int(n), int(r), int(p)
-            f[f"{PREFIX}replays_total"].add_metric([mode, str(size)], n)
-            tokens = by_mode.setdefault(mode, [0, 0])
-            tokens[0] += r
-            tokens[1] += p
-            replays, real, padded = replays + n, real + r, padded + p
-        for mode, (r, p) in by_mode.items():
-            f[f"{PREFIX}real_tokens_total"].add_metric([mode], r)
-            f[f"{PREFIX}padding_tokens_total"].add_metric([mode], p)
-
-        eager = 0
-        for reason, batches in conn.execute(
-            select(EagerTotal.reason, func.sum(EagerTotal.batches))
-            .group_by(EagerTotal.reason)
-            .order_by(EagerTotal.reason)
-        ):
-            f[f"{PREFIX}eager_fallbacks_total"].add_metric([reason], int(batches))
-            eager += int(batches)
+        by_size = replay_totals(conn, ReplayTotal.mode, ReplayTotal.captured_size)
+        by_mode: dict[str, TrafficTotals] = defaultdict(TrafficTotals)
+        for (mode, size), traffic in sorted(by_size.items()):
+            f[f"{PREFIX}replays_total"].add_metric([mode, str(size)], traffic.replays)
+            by_mode[mode].add(traffic)
+        for mode, traffic in by_mode.items():
+            f[f"{PREFIX}real_tokens_total"].add_metric([mode], traffic.num_real_tokens)
+            f[f"{PREFIX}padding_tokens_total"].add_metric([mode], traffic.padding_tokens)
+        for (reason,), (batches, _) in sorted(eager_totals(conn, EagerTotal.reason).items()):
+            f[f"{PREFIX}eager_fallbacks_total"].add_metric([reason], batches)
 
         for kind, count in conn.execute(
             select(Violation.kind, func.sum(Violation.count))
@@ -242,10 +223,11 @@ class InspectorCollector(Collector):
         ):
             f[f"{PREFIX}compile_events_total"].add_metric([kind], int(count))
 
-        if replays + eager:
-            f[f"{PREFIX}replay_hit_ratio"].add_metric([], replays / (replays + eager))
-        if real + padded:
-            f[f"{PREFIX}padding_waste_ratio"].add_metric([], padded / (real + padded))
+        overall = run_traffic(conn)
+        if overall.hit_ratio is not None:
+            f[f"{PREFIX}replay_hit_ratio"].add_metric([], overall.hit_ratio)
+        if overall.padding_waste is not None:
+            f[f"{PREFIX}padding_waste_ratio"].add_metric([], overall.padding_waste)
 
         live_since = now - LIVE_AFTER_S
         states = {"live": 0, "stale": 0, "ended": 0}

@@ -1,11 +1,12 @@
 """The read side of the database: every question the dashboard, its JSON API and the CLI ask.
 
-Answers are plain JSON-ready dictionaries, so that a page and its JSON twin are built from the same
-data. Times are UNIX epoch seconds, memory is bytes, ratios are 0..1 (None when there is nothing to
-divide). Traffic totals come from the recorder's running-totals tables (the same rows the Prometheus
-collector reads, so pages and metrics agree); traffic over time, the batch-size histogram and the
-violation counts from the in-memory ``Rollup`` (see ``inspector.rollup``); everything else is an
-indexed query over small result sets.
+Answers are plain JSON-ready dictionaries (rows read as ``inspector.fields`` spells them), so that a
+page and its JSON twin are built from the same data. Times are UNIX epoch seconds, memory is bytes,
+ratios are 0..1 (None when there is nothing to divide). Traffic figures are ``TrafficTotals`` read
+from the running-totals tables (``inspector.traffic``, as the Prometheus collector and the CI report
+read them, so they agree); traffic over time, the batch-size histogram and the violation counts
+come from the in-memory ``Rollup`` (see ``inspector.rollup``); everything else is an indexed query
+over small result sets.
 """
 
 from __future__ import annotations
@@ -19,9 +20,18 @@ from typing import Any
 from sqlalchemy import Engine, case, func, select
 from sqlalchemy.orm import Session
 
+from inspector import fields
 from inspector.metrics import LIVE_AFTER_S
 from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, ReplayWindow, Run, Violation
-from inspector.rollup import Rollup, Traffic, integer_sum
+from inspector.rollup import Rollup
+from inspector.traffic import (
+    TrafficTotals,
+    eager_totals,
+    integer_sum,
+    replay_totals,
+    run_traffic,
+    traffic_per_run,
+)
 
 GRAPH_SORTS = {
     "id": Graph.id,
@@ -86,7 +96,7 @@ class Queries:
             )
             if selected is not None and all(r.id != selected for r in runs):
                 runs += session.scalars(select(Run).where(Run.id == selected)).all()
-            return [{"id": r.id, "label": _run_label(r), "live": self._is_live(r)} for r in runs]
+            return [{"id": r.id, "label": fields.run_label(r), "live": self._is_live(r)} for r in runs]
 
     def live_run_ids(self, run_id: int | None = None) -> list[int]:
         """Runs recording now: not ended, flushed within ``LIVE_AFTER_S`` (of ``run_id`` only, if given)."""
@@ -117,10 +127,11 @@ class Queries:
             rows = self._run_rows(session, [run_a, run_b])
             sizes: dict[tuple[str, int], dict[str, Any]] = {}
             for side, run_id in (("a", a), ("b", b)):
-                for (mode, size), traffic in _traffic_by(session, ReplayTotal.mode, ReplayTotal.captured_size,
-                                                         run_ids=[run_id]).items():
+                by_size = replay_totals(session, ReplayTotal.mode, ReplayTotal.captured_size,
+                                        run_ids=[run_id])
+                for (mode, size), traffic in by_size.items():
                     entry = sizes.setdefault((mode, size), _size_row(mode, size))
-                    entry[side] = _traffic(traffic)
+                    entry[side] = traffic.as_dict()
                 graphs = session.execute(
                     select(Graph.mode, Graph.captured_size, integer_sum(Graph.pool_bytes),
                            func.count(Graph.id))
@@ -146,18 +157,17 @@ class Queries:
                 .group_by(Graph.run_id)
             )
         }
-        traffic = _traffic_by(session, ReplayTotal.run_id, run_ids=ids)
-        eager = _eager_by(session, EagerTotal.run_id, run_ids=ids)
+        traffic = traffic_per_run(session, ids)
         rows = []
         for run in runs:
             count, pool, capture = graph_totals.get(run.id, (0, 0, 0.0))
             rows.append({
-                **_run_fields(run),
+                **fields.run(run),
                 "live": self._is_live(run),
                 "graphs": count,
                 "pool_bytes": pool or 0,
                 "capture_seconds": capture or 0.0,
-                "traffic": _traffic(_with_eager(traffic.get((run.id,)), eager.get((run.id,)))),
+                "traffic": traffic[run.id].as_dict(),
                 "violations": sum(self.rollup.findings([run.id]).values()),
             })
         return rows
@@ -191,10 +201,9 @@ class Queries:
             run_filter = [] if run_id is None else [Run.id == run_id]
             run_count = session.scalar(select(func.count(Run.id)).where(*run_filter)) or 0
             backends = sorted(session.scalars(select(Run.backend).where(*run_filter).distinct()))
-            traffic = _traffic_by(session, run_ids=scope).get((), Traffic())
-            eager = _eager_by(session, EagerTotal.reason, EagerTotal.mode, run_ids=scope)
-            traffic.eager_batches = sum(batches for batches, _ in eager.values())
-            by_size = _traffic_by(session, ReplayTotal.captured_size, ReplayTotal.mode, run_ids=scope)
+            traffic = run_traffic(session, scope)
+            eager = eager_totals(session, EagerTotal.reason, EagerTotal.mode, run_ids=scope)
+            by_size = replay_totals(session, ReplayTotal.captured_size, ReplayTotal.mode, run_ids=scope)
             compile_filter = [] if run_id is None else [CompileRecord.run_id == run_id]
             compile_kinds = dict(
                 session.execute(
@@ -215,7 +224,7 @@ class Queries:
                 "capture_seconds": totals[2] or 0.0,
                 "unexpected": totals[3] or 0,
             },
-            "traffic": _traffic(traffic),
+            "traffic": traffic.as_dict(),
             "eager": [
                 {"reason": reason, "mode": mode, "batches": batches, "num_real_tokens": tokens}
                 for (reason, mode), (batches, tokens) in sorted(eager.items(), key=lambda item: -item[1][0])
@@ -263,10 +272,9 @@ class Queries:
         order = [column.desc() if descending else column.asc(), Graph.id.desc() if descending else Graph.id]
         with self._session() as session:
             total, graphs = _page_of(session, Graph, filters, order, page, per_page)
-            traffic = _traffic_by(session, ReplayTotal.graph_id, graph_ids=[g.id for g in graphs])
-            items = [
-                {**_graph_fields(g), "traffic": _traffic(traffic.get((g.id,), Traffic()))} for g in graphs
-            ]
+            traffic = replay_totals(session, ReplayTotal.graph_id, graph_ids=[g.id for g in graphs])
+            none = TrafficTotals()
+            items = [{**fields.graph(g), "traffic": traffic.get((g.id,), none).as_dict()} for g in graphs]
         return Page(items, page, per_page, total)
 
     def graph(self, graph_id: int) -> dict[str, Any] | None:
@@ -293,27 +301,20 @@ class Queries:
             addresses = json.loads(graph.input_addresses or "[]")
             slices = json.loads(graph.ubatch_slices or "[]")
             return {
-                **_graph_fields(graph),
-                "run": _run_fields(graph.run) | {"live": self._is_live(graph.run)},
+                **fields.graph(graph),
+                "run": fields.run(graph.run) | {"live": self._is_live(graph.run)},
                 "warmup_iters": graph.warmup_iters,
                 "inputs": [
-                    {"name": name, "address": address, "address_hex": _hex(address)}
+                    {"name": name, "address": address, "address_hex": fields.address_hex(address)}
                     for name, address in zip(names, addresses, strict=False)
                 ],
                 "ubatch_slices": [
                     {"req_start": s[0], "req_stop": s[1], "token_start": s[2], "token_stop": s[3]}
                     for s in slices
                 ],
-                "traffic": _traffic(
-                    _traffic_by(session, graph_ids=[graph_id]).get((), Traffic())
-                ),
-                "history": [
-                    {"start": start, "end": end, "replays": replays, "num_real_tokens": real,
-                     "padding_tokens": padding,
-                     "padding_waste": padding / (real + padding) if real + padding else None}
-                    for start, end, replays, real, padding in reversed(windows)
-                ],
-                "violations": [_violation_fields(v) for v in violations],
+                "traffic": replay_totals(session, graph_ids=[graph_id]).get((), TrafficTotals()).as_dict(),
+                "history": [_window_fields(*window) for window in reversed(windows)],
+                "violations": [fields.violation(v) for v in violations],
             }
 
     # Violations
@@ -325,12 +326,12 @@ class Queries:
         filters = _equal((Violation.run_id, run_id), (Violation.kind, kind))
         with self._session() as session:
             total, rows = _page_of(session, Violation, filters, VIOLATION_ORDER, page, per_page)
-            return Page([_violation_fields(v) for v in rows], page, per_page, total)
+            return Page([fields.violation(v) for v in rows], page, per_page, total)
 
     def violation(self, violation_id: int) -> dict[str, Any] | None:
         with self._session() as session:
             found = session.get(Violation, violation_id)
-            return _violation_fields(found) if found else None
+            return fields.violation(found) if found else None
 
     # torch.compile
 
@@ -342,21 +343,14 @@ class Queries:
         order = [CompileRecord.count.desc(), CompileRecord.last_seen_at.desc(), CompileRecord.id.desc()]
         with self._session() as session:
             total, rows = _page_of(session, CompileRecord, filters, order, page, per_page)
-            return Page([_compile_fields(r) for r in rows], page, per_page, total)
+            return Page([fields.compile_event(r) for r in rows], page, per_page, total)
 
 
-def _compile_fields(r: CompileRecord) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "run_id": r.run_id,
-        "kind": r.kind,
-        "function": r.function,
-        "reason": r.reason,
-        "message": r.message,
-        "count": r.count,
-        "first_seen_at": r.first_seen_at,
-        "last_seen_at": r.last_seen_at,
-    }
+def _window_fields(start: float, end: float, replays: int, real: int, padding: int) -> dict[str, Any]:
+    """One replay window of a graph's history, with its padding waste."""
+    traffic = TrafficTotals(replays, real, padding)
+    return {"start": start, "end": end, "replays": replays, "num_real_tokens": real,
+            "padding_tokens": padding, "padding_waste": traffic.padding_waste}
 
 
 def _size_row(mode: str, size: int) -> dict[str, Any]:
@@ -379,132 +373,3 @@ def _page_of(
         select(model).where(*filters).order_by(*order).offset((page - 1) * per_page).limit(per_page)
     ).all()
     return total, list(rows)
-
-
-def _traffic_by(
-    session: Session, *keys: Any, run_ids: Sequence[int] | None = None, graph_ids: Sequence[int] | None = None
-) -> dict[tuple, Traffic]:
-    """Replay totals grouped by ``keys`` (key tuple -> Traffic; the empty tuple without keys)."""
-    t = ReplayTotal
-    query = select(*keys, *(integer_sum(c) for c in (t.replays, t.num_real_tokens, t.padding_tokens)))
-    if run_ids is not None:
-        query = query.where(t.run_id.in_(run_ids))
-    if graph_ids is not None:
-        query = query.where(t.graph_id.in_(graph_ids))
-    if keys:
-        query = query.group_by(*keys)
-    found = {}
-    for row in session.execute(query):
-        *key, replays, real, padded = row
-        if replays is not None:
-            found[tuple(key)] = Traffic(replays, real, padded)
-    return found
-
-
-def _eager_by(
-    session: Session, *keys: Any, run_ids: Sequence[int] | None = None
-) -> dict[tuple, tuple[int, int]]:
-    """Eager batches and tokens grouped by ``keys``."""
-    t = EagerTotal
-    query = select(*keys, integer_sum(t.batches), integer_sum(t.num_real_tokens)).group_by(*keys)
-    if run_ids is not None:
-        query = query.where(t.run_id.in_(run_ids))
-    return {tuple(key): (batches, tokens) for *key, batches, tokens in session.execute(query)}
-
-
-def _with_eager(traffic: Traffic | None, eager: tuple[int, int] | None) -> Traffic:
-    traffic = traffic or Traffic()
-    traffic.eager_batches = eager[0] if eager else 0
-    return traffic
-
-
-def _traffic(t: Traffic) -> dict[str, Any]:
-    return {
-        "replays": t.replays,
-        "eager_batches": t.eager_batches,
-        "num_real_tokens": t.num_real_tokens,
-        "padding_tokens": t.padding_tokens,
-        "hit_ratio": t.hit_ratio,
-        "padding_waste": t.padding_waste,
-    }
-
-
-def _hex(address: int | None) -> str | None:
-    return None if address is None else f"0x{address:x}"
-
-
-def _descriptor(row: Graph | Violation) -> dict[str, Any]:
-    return {
-        "captured_size": row.captured_size,
-        "num_reqs": row.num_reqs,
-        "uniform": bool(row.uniform),
-        "has_lora": bool(row.has_lora),
-        "num_active_loras": row.num_active_loras,
-        "key": row.descriptor_key,
-    }
-
-
-def _run_label(run: Run) -> str:
-    return run.label or f"run {run.id} ({run.host}, rank {run.rank})"
-
-
-def _run_fields(run: Run) -> dict[str, Any]:
-    try:
-        config = json.loads(run.config or "{}")
-    except ValueError:
-        config = {"unparsed": run.config}
-    return {
-        "id": run.id,
-        "label": _run_label(run),
-        "host": run.host,
-        "pid": run.pid,
-        "process": run.process,
-        "rank": run.rank,
-        "world_size": run.world_size,
-        "device": run.device,
-        "backend": run.backend,
-        "config": config,
-        "started_at": run.started_at,
-        "last_seen_at": run.last_seen_at,
-        "ended_at": run.ended_at,
-        "dropped_events": run.dropped_events,
-    }
-
-
-def _graph_fields(graph: Graph) -> dict[str, Any]:
-    return {
-        "id": graph.id,
-        "run_id": graph.run_id,
-        "mode": graph.mode,
-        "descriptor": _descriptor(graph),
-        "backend": graph.backend,
-        "wrapper": graph.wrapper,
-        "capture_seconds": graph.capture_seconds,
-        "pool_bytes": graph.pool_bytes,
-        "num_segments": graph.num_segments,
-        "num_ubatches": graph.num_ubatches,
-        "unexpected": bool(graph.unexpected),
-        "captured_at": graph.captured_at,
-    }
-
-
-def _violation_fields(v: Violation) -> dict[str, Any]:
-    return {
-        "id": v.id,
-        "run_id": v.run_id,
-        "kind": v.kind,
-        "mode": v.mode,
-        "descriptor": _descriptor(v),
-        "wrapper": v.wrapper,
-        "input_name": v.input_name,
-        "expected_address": v.expected_address,
-        "expected_address_hex": _hex(v.expected_address),
-        "actual_address": v.actual_address,
-        "actual_address_hex": _hex(v.actual_address),
-        "message": v.message,
-        "stack": v.stack,
-        "injected": bool(v.injected),
-        "count": v.count,
-        "first_seen_at": v.first_seen_at,
-        "last_seen_at": v.last_seen_at,
-    }

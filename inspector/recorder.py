@@ -38,7 +38,7 @@ from inspector.batch import (
     GraphKey,
     PendingViolation,
     ReplayDelta,
-    Traffic,
+    TrafficWindow,
     ViolationKey,
     graph_key,
     violation_key,
@@ -333,7 +333,7 @@ class Recorder:
             if include_traffic:
                 traffic, replay_counts, eager_counts = self._take_traffic(wall)
             else:
-                traffic, replay_counts, eager_counts = Traffic(self._window_start, wall), None, None
+                traffic, replay_counts, eager_counts = TrafficWindow(self._window_start, wall), None, None
             batch = FlushBatch(
                 captures=self._captures_to_write(),
                 violations=dict(self._pending_violations),
@@ -389,11 +389,11 @@ class Recorder:
         self._store = self._writer = None
         self._resend_graphs = True
 
-    def _take_traffic(self, wall: float) -> tuple[Traffic, dict, dict]:
+    def _take_traffic(self, wall: float) -> tuple[TrafficWindow, dict, dict]:
         """The counts since the last commit, and the snapshot to adopt if the write commits."""
         replay_counts = {key: cell[0] for key, cell in self._replays.copy().items()}
         eager_counts = {key: cell[0] for key, cell in self._eager.copy().items()}
-        traffic = Traffic(self._window_start, wall)
+        traffic = TrafficWindow(self._window_start, wall)
         modes: dict[Any, CUDAGraphMode] = {}
         for key, count in replay_counts.items():
             delta = count - self._committed_replays.get(key, 0)

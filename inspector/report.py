@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import func, select
 
 from inspector.errors import UsageError
-from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
+from inspector.models import CompileRecord, Graph, Run, Violation
 from inspector.store import Store
+from inspector.traffic import TrafficTotals, traffic_per_run
 
 FORMATS = ("text", "json", "junit")
 SUITE = "graph-inspector"
@@ -98,10 +99,7 @@ class RunSummary:
     ended_at: float | None
     dropped_events: int
     graphs: int = 0
-    replays: int = 0
-    num_real_tokens: int = 0
-    padding_tokens: int = 0
-    eager_batches: int = 0
+    traffic: TrafficTotals = field(default_factory=TrafficTotals)
     violations: int = 0
 
     @property
@@ -180,27 +178,8 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
             select(Graph.run_id, func.count()).where(Graph.run_id.in_(selected)).group_by(Graph.run_id)
         ):
             runs[rid].graphs = count
-        for rid, replays, real, padded in session.execute(
-            select(
-                ReplayTotal.run_id,
-                func.sum(ReplayTotal.replays),
-                func.sum(ReplayTotal.num_real_tokens),
-                func.sum(ReplayTotal.padding_tokens),
-            )
-            .where(ReplayTotal.run_id.in_(selected))
-            .group_by(ReplayTotal.run_id)
-        ):
-            runs[rid].replays, runs[rid].num_real_tokens, runs[rid].padding_tokens = (
-                int(replays),
-                int(real),
-                int(padded),
-            )
-        for rid, batches in session.execute(
-            select(EagerTotal.run_id, func.sum(EagerTotal.batches))
-            .where(EagerTotal.run_id.in_(selected))
-            .group_by(EagerTotal.run_id)
-        ):
-            runs[rid].eager_batches = int(batches)
+        for rid, traffic in traffic_per_run(session, selected).items():
+            runs[rid].traffic = traffic
         findings = []
         for v in session.scalars(
             select(Violation).where(Violation.run_id.in_(selected)).order_by(Violation.run_id, Violation.id)
@@ -238,19 +217,21 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
 # ---------------------------------------------------------------------------------------------- text
 
 
+def _percent(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.1%}"
+
+
 def render_text(report: Report) -> str:
     lines = [f"graph-inspector report: {report.source}"]
     if not report.runs:
         lines.append("no runs recorded")
     for run in report.runs:
         state = "ended" if run.ended_at is not None else "not ended (live, or killed)"
-        computed = run.num_real_tokens + run.padding_tokens
-        waste = f"{run.padding_tokens / computed:.1%}" if computed else "n/a"
-        batches = run.replays + run.eager_batches
-        hits = f"{run.replays / batches:.1%}" if batches else "n/a"
+        traffic = run.traffic
         lines.append(
             f"  {run.name}: {run.backend} on {run.device}, {state}; {run.graphs} graphs, "
-            f"{run.replays} replays, hit ratio {hits}, padding waste {waste}, {run.violations} violation(s)"
+            f"{traffic.replays} replays, hit ratio {_percent(traffic.hit_ratio)}, "
+            f"padding waste {_percent(traffic.padding_waste)}, {run.violations} violation(s)"
         )
         if run.dropped_events:
             lines.append(f"    warning: the recorder dropped {run.dropped_events} event(s) in this run")
@@ -281,7 +262,7 @@ def render_json(report: Report) -> str:
         "ok": report.ok,
         "source": report.source,
         "generated_at": report.generated_at,
-        "runs": [asdict(run) for run in report.runs],
+        "runs": [asdict(run) | {"traffic": run.traffic.as_dict()} for run in report.runs],
         "violations": [finding_dict(f) for f in report.findings],
         "compile_events": [asdict(note) for note in report.compile_notes],
     }

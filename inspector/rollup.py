@@ -24,34 +24,7 @@ from typing import Any
 from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, cast, func, select
 
 from inspector.models import BatchSizeCount, EagerFallback, ReplayWindow, Run, Violation
-
-
-@dataclass(slots=True)
-class Traffic:
-    """Replays and tokens of some slice of the traffic, plus the batches that ran eagerly."""
-
-    replays: int = 0
-    num_real_tokens: int = 0
-    padding_tokens: int = 0
-    eager_batches: int = 0
-
-    def add(self, other: Traffic) -> None:
-        self.replays += other.replays
-        self.num_real_tokens += other.num_real_tokens
-        self.padding_tokens += other.padding_tokens
-        self.eager_batches += other.eager_batches
-
-    @property
-    def hit_ratio(self) -> float | None:
-        """Share of batches served by a graph replay (None before any batch)."""
-        batches = self.replays + self.eager_batches
-        return self.replays / batches if batches else None
-
-    @property
-    def padding_waste(self) -> float | None:
-        """Share of the tokens computed by replays that were padding (None before any replay)."""
-        computed = self.num_real_tokens + self.padding_tokens
-        return self.padding_tokens / computed if computed else None
+from inspector.traffic import TrafficTotals, integer_sum
 
 
 @dataclass
@@ -61,13 +34,13 @@ class TimeBuckets:
 
     max_buckets: int
     width: float = 1.0
-    buckets: dict[int, Traffic] = field(default_factory=dict)
+    buckets: dict[int, TrafficTotals] = field(default_factory=dict)
 
-    def bucket(self, at: float) -> Traffic:
+    def bucket(self, at: float) -> TrafficTotals:
         index = int(at // self.width)
         found = self.buckets.get(index)
         if found is None:
-            found = self.buckets[index] = Traffic()
+            found = self.buckets[index] = TrafficTotals()
             if len(self.buckets) > self.max_buckets:
                 self.coarsen()
                 return self.bucket(at)
@@ -75,9 +48,9 @@ class TimeBuckets:
 
     def coarsen(self) -> None:
         """Halve the number of buckets by doubling their width."""
-        merged: dict[int, Traffic] = {}
+        merged: dict[int, TrafficTotals] = {}
         for index, traffic in self.buckets.items():
-            merged.setdefault(index // 2, Traffic()).add(traffic)
+            merged.setdefault(index // 2, TrafficTotals()).add(traffic)
         self.width *= 2
         self.buckets = merged
 
@@ -224,13 +197,13 @@ class Rollup:
     def _fold_replays(self, conn: Connection, upto: int, grain: float) -> None:
         w = ReplayWindow
         bucket = _bucket(conn, w.window_start, grain)
-        for run_id, index, replays, real, padded in conn.execute(
+        for run_id, index, replays, real, padding in conn.execute(
             select(w.run_id, bucket, *(integer_sum(c) for c in (w.replays, w.num_real_tokens,
                                                                   w.padding_tokens)))
             .where(w.id > self._last_ids["replay"], w.id <= upto)
             .group_by(w.run_id, bucket)
         ):
-            self._run(run_id).series.bucket(index * grain).add(Traffic(replays, real, padded))
+            self._run(run_id).series.bucket(index * grain).add(TrafficTotals(replays, real, padding))
 
     def _fold_eager(self, conn: Connection, upto: int, grain: float) -> None:
         e = EagerFallback
@@ -299,28 +272,25 @@ class Rollup:
 
         return self._memoised(("findings", scope), compute)
 
-    def series(self, run_ids: Iterable[int] | None = None, points: int = 120) -> list[tuple[float, Traffic]]:
+    def series(
+        self, run_ids: Iterable[int] | None = None, points: int = 120
+    ) -> list[tuple[float, TrafficTotals]]:
         """Traffic over time as at most about ``points`` (bucket start, traffic) pairs, oldest first."""
         scope = _scope(run_ids)
         return self._memoised(("series", scope, points), lambda: self._series(scope, points))
 
-    def _series(self, scope: tuple[int, ...] | None, points: int) -> list[tuple[float, Traffic]]:
+    def _series(self, scope: tuple[int, ...] | None, points: int) -> list[tuple[float, TrafficTotals]]:
         runs = [r for r in self._selected(scope) if r.series.buckets]
         if not runs:
             return []
         starts = [i * r.series.width for r in runs for i in r.series.buckets]
         first, last = min(starts), max(starts)
         width = max(max(r.series.width for r in runs), (last - first) / points or 1.0)
-        merged: dict[int, Traffic] = defaultdict(Traffic)
+        merged: dict[int, TrafficTotals] = defaultdict(TrafficTotals)
         for run in runs:
             for index, traffic in run.series.buckets.items():
                 merged[int((index * run.series.width - first) // width)].add(traffic)
         return [(first + i * width, merged[i]) for i in sorted(merged)]
-
-def integer_sum(column: ColumnElement[Any]) -> ColumnElement[int]:
-    """SUM that stays an integer: PostgreSQL sums bigints as numeric (a Decimal in Python)."""
-    return cast(func.sum(column), BigInteger)
-
 
 def _scope(run_ids: Iterable[int] | None) -> tuple[int, ...] | None:
     return None if run_ids is None else tuple(sorted(run_ids))

@@ -10,8 +10,9 @@ from sqlalchemy import delete, func, insert, select
 
 from inspector.models import ReplayWindow, Run, Violation
 from inspector.queries import Queries
-from inspector.rollup import Rollup, TimeBuckets, Traffic
+from inspector.rollup import Rollup, TimeBuckets
 from inspector.store import Store
+from inspector.traffic import TrafficTotals
 from tests.support.sample import seed_sample
 
 
@@ -90,7 +91,7 @@ def test_with_concurrent_writers_rows_wait_until_their_ids_settle(store: Store) 
 def test_time_buckets_double_their_width_to_stay_bounded() -> None:
     buckets = TimeBuckets(max_buckets=16)
     for second in range(1000):
-        buckets.bucket(1_700_000_000.0 + second).add(Traffic(replays=1))
+        buckets.bucket(1_700_000_000.0 + second).add(TrafficTotals(replays=1))
     assert len(buckets.buckets) <= 16
     assert buckets.width == 64.0
     assert sum(t.replays for t in buckets.buckets.values()) == 1000
@@ -117,9 +118,9 @@ def test_series_are_at_most_the_points_asked_for(store: Store) -> None:
 
 
 def test_traffic_ratios_are_none_before_any_traffic() -> None:
-    assert Traffic().hit_ratio is None and Traffic().padding_waste is None
-    assert Traffic(replays=3, eager_batches=1).hit_ratio == 0.75
-    assert Traffic(num_real_tokens=3, padding_tokens=1).padding_waste == 0.25
+    assert TrafficTotals().hit_ratio is None and TrafficTotals().padding_waste is None
+    assert TrafficTotals(replays=3, eager_batches=1).hit_ratio == 0.75
+    assert TrafficTotals(num_real_tokens=3, padding_tokens=1).padding_waste == 0.25
 
 
 def test_run_picker_lists_the_newest_runs_and_the_selected_one(store: Store) -> None:

@@ -66,7 +66,7 @@ def test_wrapper_traffic_lands_in_sqlite_and_reads_back(sqlite_url: str) -> None
     finally:
         store.dispose()
     (run,) = report.runs
-    assert (run.label, run.backend, run.graphs, run.replays) == ("e2e", "eager", 4, 6)
+    assert (run.label, run.backend, run.graphs, run.traffic.replays) == ("e2e", "eager", 4, 6)
     (finding,) = report.findings
     assert (finding.kind, finding.input_name, finding.descriptor) == (
         "address_drift",
@@ -134,7 +134,7 @@ def test_cuda_graphs_are_recorded_with_their_pool_memory(sqlite_url: str) -> Non
     finally:
         store.dispose()
     (run,) = report.runs
-    assert report.ok and (run.backend, run.graphs, run.replays) == ("cuda", 4, 3)
+    assert report.ok and (run.backend, run.graphs, run.traffic.replays) == ("cuda", 4, 3)
     assert run.device.startswith("cuda:")
     assert pool_bytes is not None and pool_bytes > 0
 

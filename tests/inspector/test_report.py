@@ -66,7 +66,8 @@ def test_clean_database_reports_ok(db_url: str) -> None:
     report = build_report(store)
     store.dispose()
     assert report.ok and report.exit_code == 0
-    figures = [(r.graphs, r.replays, r.num_real_tokens, r.padding_tokens) for r in report.runs]
+    figures = [(r.graphs, r.traffic.replays, r.traffic.num_real_tokens, r.traffic.padding_tokens)
+               for r in report.runs]
     assert figures == [(1, 10, 30, 10)]
     assert "OK: no violations in 1 run(s)" in render_text(report)
     suite = ET.fromstring(render_junit(report)).find("testsuite")

@@ -1,0 +1,80 @@
+"""How each kind of row reads in an answer: JSON-ready dictionaries, built in one place so that a
+listing, a detail page and their JSON twins show a row the same way.
+
+Times stay UNIX epoch seconds, memory bytes; addresses come as integers and as hex text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from inspector.models import CompileRecord, Graph, Run, Violation
+
+
+def address_hex(address: int | None) -> str | None:
+    return None if address is None else f"0x{address:x}"
+
+
+def descriptor_fields(row: Graph | Violation) -> dict[str, Any]:
+    return {
+        "captured_size": row.captured_size,
+        "num_reqs": row.num_reqs,
+        "uniform": bool(row.uniform),
+        "has_lora": bool(row.has_lora),
+        "num_active_loras": row.num_active_loras,
+        "key": row.descriptor_key,
+    }
+
+
+def run_label(run: Run) -> str:
+    return run.label or f"run {run.id} ({run.host}, rank {run.rank})"
+
+
+def run(row: Run) -> dict[str, Any]:
+    try:
+        config = json.loads(row.config or "{}")
+    except ValueError:
+        config = {"unparsed": row.config}
+    return {
+        "id": row.id,
+        "label": run_label(row),
+        **_columns(row, "host", "pid", "process", "rank", "world_size", "device", "backend"),
+        "config": config,
+        **_columns(row, "started_at", "last_seen_at", "ended_at", "dropped_events"),
+    }
+
+
+def graph(row: Graph) -> dict[str, Any]:
+    return {
+        **_columns(row, "id", "run_id", "mode"),
+        "descriptor": descriptor_fields(row),
+        **_columns(row, "backend", "wrapper", "capture_seconds", "pool_bytes"),
+        **_columns(row, "num_segments", "num_ubatches"),
+        "unexpected": bool(row.unexpected),
+        "captured_at": row.captured_at,
+    }
+
+
+def violation(row: Violation) -> dict[str, Any]:
+    return {
+        **_columns(row, "id", "run_id", "kind", "mode"),
+        "descriptor": descriptor_fields(row),
+        **_columns(row, "wrapper", "input_name", "expected_address"),
+        "expected_address_hex": address_hex(row.expected_address),
+        "actual_address": row.actual_address,
+        "actual_address_hex": address_hex(row.actual_address),
+        **_columns(row, "message", "stack"),
+        "injected": bool(row.injected),
+        **_columns(row, "count", "first_seen_at", "last_seen_at"),
+    }
+
+
+def compile_event(row: CompileRecord) -> dict[str, Any]:
+    return _columns(row, "id", "run_id", "kind", "function", "reason", "message", "count", "first_seen_at",
+                    "last_seen_at")
+
+
+def _columns(row: Any, *names: str) -> dict[str, Any]:
+    """The columns ``names`` of ``row`` as they are stored."""
+    return {name: getattr(row, name) for name in names}
