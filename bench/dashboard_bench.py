@@ -104,7 +104,7 @@ def main() -> int:
     if not db_path.exists():
         store = open_store(url, upgrade=True)
         started = time.perf_counter()
-        seed_bulk(store.engine, now=time.time(), graphs=args.graphs, windows=args.windows,
+        seed_bulk(store, now=time.time(), graphs=args.graphs, windows=args.windows,
                   violations=args.violations)
         seed_seconds = time.perf_counter() - started
         store.dispose()

@@ -153,12 +153,12 @@ def violation_throughput(count: int) -> dict[str, Any]:
 def scrape_cost(windows: int) -> dict[str, Any]:
     """Seconds per scrape on a database holding ``windows`` replay-window rows (it never reads them)."""
     from prometheus_client import CollectorRegistry, generate_latest
-    from sqlalchemy import insert
 
+    from inspector.batch import ReplayDelta, TrafficWindow, graph_key
     from inspector.metrics import InspectorCollector
-    from inspector.models import ReplayWindow
     from inspector.recorder import Recorder
     from inspector.store import open_store
+    from inspector.writer import KnownTotals, append_traffic
 
     with tempfile.TemporaryDirectory(prefix="graph-inspector-bench-") as tmp:
         url = f"sqlite:///{tmp}/scrape.db"
@@ -166,25 +166,15 @@ def scrape_cost(windows: int) -> dict[str, Any]:
             for mode, descriptor, real in traffic(2000):
                 recorder.on_replay(mode, descriptor, real)
         store = open_store(url)
-        row = {
-            "run_id": 1,
-            "graph_id": None,
-            "window_start": 0.0,
-            "window_end": 1.0,
-            "replays": 10,
-            "num_real_tokens": 70,
-            "padding_tokens": 10,
-            "mode": "full",
-            "captured_size": 8,
-            "num_reqs": 8,
-            "uniform": True,
-            "has_lora": False,
-            "num_active_loras": 0,
-            "descriptor_key": "tokens=8",
-        }
-        with store.engine.begin() as conn:
-            for start in range(0, windows, 50_000):
-                conn.execute(insert(ReplayWindow), [row] * min(50_000, windows - start))
+        descriptor, run_id = BatchDescriptor(8, 8, True), recorder.run_id
+        key = graph_key(FULL, descriptor)
+        for start in range(0, windows, 50_000):
+            rows = [
+                TrafficWindow(float(i), i + 1.0, replays={key: ReplayDelta(FULL, descriptor, 10, 70)})
+                for i in range(start, min(windows, start + 50_000))
+            ]
+            with store.writer() as conn:
+                append_traffic(conn, run_id, rows, {}, KnownTotals.of_run(conn, run_id), 1.0)
         registry = CollectorRegistry()
         registry.register(InspectorCollector(store))
         generate_latest(registry)

@@ -1,13 +1,15 @@
 """What one flush writes: the recorder's pending records and traffic deltas, as plain data.
 
-The recorder builds a ``FlushBatch`` from its queues and counters on the flush thread; the
-``writer`` module turns it into rows in one transaction. Keeping the two apart lets the batch be
-retried whole after a failed transaction and counted exactly when it must be dropped.
+The recorder builds a ``FlushBatch`` from its queues and counters on the flush thread (its traffic
+with ``traffic_since``); the ``writer`` module turns it into rows in one transaction. Keeping the
+two apart lets the batch be retried whole after a failed transaction and counted exactly when it
+must be dropped.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent
@@ -18,6 +20,12 @@ GraphKey = tuple[str, str]
 
 ViolationKey = tuple[str, str, str, str | None, int | None, int | None]
 """(kind, mode label, descriptor key, input name, expected address, actual address)."""
+
+ReplayKey = tuple[Any, int, "int | None", bool, bool, int, int]
+"""The recorder's replay counter key: (mode value, the descriptor's five fields in order, real tokens)."""
+
+EagerKey = tuple[str, Any, int]
+"""The recorder's eager counter key: (reason value, mode value, real tokens)."""
 
 
 def graph_key(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> GraphKey:
@@ -52,6 +60,55 @@ class PendingViolation:
 
 
 @dataclass
+class PendingRecords:
+    """Captures and violations the flush thread drained from the engine's queues and has not yet
+    committed, each kind bounded by ``limit`` (beyond it a new record is refused, for the caller to
+    count as dropped). Every capture so far is kept too (as many as ``limit``): after the database
+    file vanished they are written again, so that the new file's windows link to their graphs."""
+
+    limit: int
+    captures: list[CaptureEvent] = field(default_factory=list)
+    violations: dict[ViolationKey, PendingViolation] = field(default_factory=dict)
+    all_captures: list[CaptureEvent] = field(default_factory=list)
+    resend_graphs: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.captures or self.violations)
+
+    def add_capture(self, event: CaptureEvent) -> bool:
+        if len(self.captures) >= self.limit:
+            return False
+        self.captures.append(event)
+        if len(self.all_captures) < self.limit:
+            self.all_captures.append(event)
+        return True
+
+    def add_violation(self, event: ViolationEvent) -> bool:
+        key = violation_key(event)
+        pending = self.violations.get(key)
+        if pending is not None:
+            pending.add(event)
+        elif len(self.violations) >= self.limit:
+            return False
+        else:
+            self.violations[key] = PendingViolation(event, 1, event.seen_at, event.seen_at)
+        return True
+
+    def captures_to_write(self) -> list[CaptureEvent]:
+        if not self.resend_graphs:
+            return list(self.captures)
+        known = {id(event) for event in self.all_captures}
+        return self.all_captures + [event for event in self.captures if id(event) not in known]
+
+    def clear(self) -> int:
+        """Forget what is pending (it was committed, or is given up); how many events that was."""
+        events = len(self.captures) + sum(v.count for v in self.violations.values())
+        self.captures.clear()
+        self.violations.clear()
+        return events
+
+
+@dataclass
 class ReplayDelta:
     """Replays of one graph key since the last committed window."""
 
@@ -79,6 +136,44 @@ class TrafficWindow:
 
     def rows(self) -> int:
         return len(self.replays) + len(self.eager) + len(self.batch_sizes)
+
+
+def traffic_since(
+    window: TrafficWindow,
+    replays: dict[ReplayKey, int],
+    committed_replays: dict[ReplayKey, int],
+    eager: dict[EagerKey, int],
+    committed_eager: dict[EagerKey, int],
+) -> TrafficWindow:
+    """Fill ``window`` with the counts that grew since the committed snapshot (counters only grow)."""
+    modes: dict[Any, CUDAGraphMode] = {}
+    for key, count in replays.items():
+        delta = count - committed_replays.get(key, 0)
+        if delta <= 0:
+            continue
+        mode_value, tokens, reqs, uniform, has_lora, loras, real = key
+        mode = modes.get(mode_value) or modes.setdefault(mode_value, CUDAGraphMode(mode_value))
+        descriptor = BatchDescriptor(
+            num_tokens=tokens, num_reqs=reqs, uniform=uniform, has_lora=has_lora, num_active_loras=loras
+        )
+        gkey = graph_key(mode, descriptor)
+        entry = window.replays.get(gkey)
+        if entry is None:
+            entry = window.replays[gkey] = ReplayDelta(mode, descriptor)
+        entry.replays += delta
+        entry.num_real_tokens += real * delta
+        window.batch_sizes[real] = window.batch_sizes.get(real, 0) + delta
+    for key, count in eager.items():
+        delta = count - committed_eager.get(key, 0)
+        if delta <= 0:
+            continue
+        reason, mode_value, real = key
+        mode = modes.get(mode_value) or modes.setdefault(mode_value, CUDAGraphMode(mode_value))
+        totals = window.eager.setdefault((reason, mode.label), [0, 0])
+        totals[0] += delta
+        totals[1] += real * delta
+        window.batch_sizes[real] = window.batch_sizes.get(real, 0) + delta
+    return window
 
 
 @dataclass

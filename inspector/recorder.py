@@ -17,11 +17,7 @@ writable again. The counters assume one engine thread calls ``on_replay`` at a t
 from __future__ import annotations
 
 import atexit
-import json
 import logging
-import os
-import socket
-import sys
 import threading
 import time
 from collections import deque
@@ -34,23 +30,19 @@ from capture_core.events import CaptureEvent, FanOutObserver, NullObserver, Viol
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
 from inspector.batch import (
+    EagerKey,
     FlushBatch,
-    GraphKey,
-    PendingViolation,
-    ReplayDelta,
+    PendingRecords,
+    ReplayKey,
     TrafficWindow,
-    ViolationKey,
-    graph_key,
-    violation_key,
+    traffic_since,
 )
 from inspector.errors import DatabaseError
+from inspector.process import describe_process
 from inspector.store import Store, StoreUnavailable, open_store, resolve_url
-from inspector.writer import RunInfo, RunWriter
+from inspector.writer import RunWriter
 
 log = logging.getLogger("graph_inspector.recorder")
-
-ReplayKey = tuple[Any, int, "int | None", bool, bool, int, int]
-"""(mode value, the descriptor's five fields in order, real token count)."""
 
 FIRST_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 5.0
@@ -84,21 +76,10 @@ class Recorder:
         self.flush_interval = float(flush_interval)
         self.max_pending = max_pending
         self.close_timeout = close_timeout
-        rank, world_size = _detect_rank(rank, world_size)
-        self.info = RunInfo(
-            label=label,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            process=" ".join(sys.argv) or sys.executable,
-            rank=rank,
-            world_size=world_size,
-            device=device or _detect_device(),
-            config=json.dumps(config or {}, sort_keys=True, default=str),
-            started_at=time.time(),
-        )
+        self.info = describe_process(label, config, rank, world_size, device)
         # Hot-path counters, written by the engine thread only: key -> [count].
         self._replays: dict[ReplayKey, list[int]] = {}
-        self._eager: dict[tuple[str, Any, int], list[int]] = {}
+        self._eager: dict[EagerKey, list[int]] = {}
         # Rare events, appended by the engine, drained by the flush thread.
         self._capture_queue: deque[CaptureEvent] = deque()
         self._violation_queue: deque[ViolationEvent] = deque()
@@ -106,12 +87,9 @@ class Recorder:
         # Flush-thread state.
         self._store: Store | None = None
         self._writer: RunWriter | None = None
-        self._pending_captures: list[CaptureEvent] = []
-        self._pending_violations: dict[ViolationKey, PendingViolation] = {}
-        self._all_captures: list[CaptureEvent] = []
-        self._resend_graphs = False
+        self._pending = PendingRecords(max_pending)
         self._committed_replays: dict[ReplayKey, int] = {}
-        self._committed_eager: dict[tuple[str, Any, int], int] = {}
+        self._committed_eager: dict[EagerKey, int] = {}
         self._window_start = time.time()
         self._backend: str | None = None
         self._dropped_in_flush = 0
@@ -268,7 +246,7 @@ class Recorder:
             if self._failures and now < self._retry_at:
                 continue
             window_due = now >= next_window or requested > self._flush_completed
-            if not (window_due or self._pending_captures or self._pending_violations):
+            if not (window_due or self._pending):
                 continue
             if self._flush_once(include_traffic=window_due, ended=False):
                 with self._done:
@@ -306,22 +284,11 @@ class Recorder:
         while self._capture_queue:
             event = self._capture_queue.popleft()
             self._backend = event.backend
-            if len(self._pending_captures) >= self.max_pending:
+            if not self._pending.add_capture(event):
                 self._drop(1, "capture")
-                continue
-            self._pending_captures.append(event)
-            if len(self._all_captures) < self.max_pending:
-                self._all_captures.append(event)
         while self._violation_queue:
-            event = self._violation_queue.popleft()
-            key = violation_key(event)
-            pending = self._pending_violations.get(key)
-            if pending is not None:
-                pending.add(event)
-            elif len(self._pending_violations) >= self.max_pending:
+            if not self._pending.add_violation(self._violation_queue.popleft()):
                 self._drop(1, "violation")
-            else:
-                self._pending_violations[key] = PendingViolation(event, 1, event.seen_at, event.seen_at)
 
     def _flush_once(self, include_traffic: bool, ended: bool) -> bool:
         """One attempt at one transaction; True when it committed."""
@@ -335,8 +302,8 @@ class Recorder:
             else:
                 traffic, replay_counts, eager_counts = TrafficWindow(self._window_start, wall), None, None
             batch = FlushBatch(
-                captures=self._captures_to_write(),
-                violations=dict(self._pending_violations),
+                captures=self._pending.captures_to_write(),
+                violations=dict(self._pending.violations),
                 traffic=traffic,
                 backend=self._backend,
                 dropped_events=self.dropped,
@@ -347,9 +314,8 @@ class Recorder:
             self._note_failure(error, time.monotonic())
             return False
         # Committed (the queues are drained on this thread only, so nothing arrived meanwhile).
-        self._pending_captures.clear()
-        self._pending_violations.clear()
-        self._resend_graphs = False
+        self._pending.clear()
+        self._pending.resend_graphs = False
         if replay_counts is not None and eager_counts is not None:
             self._committed_replays = replay_counts
             self._committed_eager = eager_counts
@@ -359,14 +325,6 @@ class Recorder:
         self._failures = 0
         self.last_error = None
         return True
-
-    def _captures_to_write(self) -> list[CaptureEvent]:
-        """The pending captures; after the file vanished, every graph known so far (so that the new
-        database's windows link to their graphs again)."""
-        if not self._resend_graphs:
-            return list(self._pending_captures)
-        known = {id(event) for event in self._all_captures}
-        return self._all_captures + [event for event in self._pending_captures if id(event) not in known]
 
     def _open(self, wall: float) -> RunWriter:
         store = open_store(self.url)
@@ -387,41 +345,15 @@ class Recorder:
         )
         self._store.dispose()
         self._store = self._writer = None
-        self._resend_graphs = True
+        self._pending.resend_graphs = True
 
     def _take_traffic(self, wall: float) -> tuple[TrafficWindow, dict, dict]:
         """The counts since the last commit, and the snapshot to adopt if the write commits."""
         replay_counts = {key: cell[0] for key, cell in self._replays.copy().items()}
         eager_counts = {key: cell[0] for key, cell in self._eager.copy().items()}
-        traffic = TrafficWindow(self._window_start, wall)
-        modes: dict[Any, CUDAGraphMode] = {}
-        for key, count in replay_counts.items():
-            delta = count - self._committed_replays.get(key, 0)
-            if delta <= 0:
-                continue
-            mode_value, tokens, reqs, uniform, has_lora, loras, real = key
-            mode = modes.get(mode_value) or modes.setdefault(mode_value, CUDAGraphMode(mode_value))
-            descriptor = BatchDescriptor(
-                num_tokens=tokens, num_reqs=reqs, uniform=uniform, has_lora=has_lora, num_active_loras=loras
-            )
-            gkey: GraphKey = graph_key(mode, descriptor)
-            entry = traffic.replays.get(gkey)
-            if entry is None:
-                entry = traffic.replays[gkey] = ReplayDelta(mode, descriptor)
-            entry.replays += delta
-            entry.num_real_tokens += real * delta
-            traffic.batch_sizes[real] = traffic.batch_sizes.get(real, 0) + delta
-        for key, count in eager_counts.items():
-            delta = count - self._committed_eager.get(key, 0)
-            if delta <= 0:
-                continue
-            reason, mode_value, real = key
-            mode = modes.get(mode_value) or modes.setdefault(mode_value, CUDAGraphMode(mode_value))
-            totals = traffic.eager.setdefault((reason, mode.label), [0, 0])
-            totals[0] += delta
-            totals[1] += real * delta
-            traffic.batch_sizes[real] = traffic.batch_sizes.get(real, 0) + delta
-        return traffic, replay_counts, eager_counts
+        window = TrafficWindow(self._window_start, wall)
+        traffic_since(window, replay_counts, self._committed_replays, eager_counts, self._committed_eager)
+        return window, replay_counts, eager_counts
 
     def _note_failure(self, error: BaseException, now: float) -> None:
         self._failures += 1
@@ -443,40 +375,6 @@ class Recorder:
 
     def _drop_everything(self) -> None:
         traffic, _, _ = self._take_traffic(time.time())
-        lost = len(self._pending_captures) + sum(v.count for v in self._pending_violations.values())
-        lost += traffic.rows()
-        self._pending_captures.clear()
-        self._pending_violations.clear()
+        lost = self._pending.clear() + traffic.rows()
         if lost:
             self._drop(lost, f"pending (database unavailable: {self.last_error})")
-
-
-def _detect_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """The rank from torch.distributed when it is initialised, else $RANK/$WORLD_SIZE, else 0/1."""
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return (
-            dist.get_rank() if rank is None else rank,
-            dist.get_world_size() if world_size is None else world_size,
-        )
-    if rank is None:
-        rank = _int_env("RANK", 0)
-    if world_size is None:
-        world_size = _int_env("WORLD_SIZE", 1)
-    return rank, world_size
-
-
-def _int_env(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-def _detect_device() -> str:
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        index = torch.cuda.current_device()
-        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
-    return "cpu"

@@ -1,32 +1,33 @@
-"""Writes one run's records: one transaction per flush, ids remembered only once it commits.
+"""The one write path: every row of every table is written by this module.
 
-A run has exactly one writer (its recorder), so the writer keeps the ids of the rows it made (the
-run, each graph, each violation, each running total) and updates them in place without reading
-first: a repeated violation is an ``UPDATE ... SET count = count + n``, never a search. The id maps
-change only after a commit, so a failed transaction can be retried whole.
+The recorder (through ``RunWriter``), ``graph-inspector watch`` (its flusher), the test fixtures and
+the benchmarks write only through these functions, so each table has one writer and each row one
+shape: a graph's descriptor columns are spelled out once (``descriptor_values``), the running
+totals are bumped once (``append_traffic``), whoever records.
+
+The functions take a connection whose transaction the caller holds. Those that create rows return
+what they created (ids, running-total keys) instead of remembering it, so a caller adopts it only
+once the transaction commits and can retry a failed one whole. ``RunWriter`` does exactly that for
+one run: it keeps the ids of the rows it made (the run, each graph, each violation, each running
+total) and updates them in place without reading first; a repeated violation is an
+``UPDATE ... SET count = count + n``, never a search.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections import ChainMap
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
-from sqlalchemy import Connection, bindparam, insert, update
+from sqlalchemy import Connection, bindparam, insert, select, tuple_, update
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent
 from capture_core.modes import CUDAGraphMode
-from inspector.batch import FlushBatch, GraphKey, ViolationKey, graph_key
-from inspector.models import (
-    BatchSizeCount,
-    EagerFallback,
-    EagerTotal,
-    Graph,
-    ReplayTotal,
-    ReplayWindow,
-    Run,
-    Violation,
-)
+from inspector import models
+from inspector.batch import FlushBatch, GraphKey, PendingViolation, TrafficWindow, ViolationKey, graph_key
 from inspector.store import Store
 
 UNKNOWN_BACKEND = "unknown"
@@ -48,6 +49,7 @@ class RunInfo:
 
 
 def descriptor_values(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> dict[str, object]:
+    """The descriptor columns of every table keyed by a graph."""
     return {
         "mode": mode.label,
         "captured_size": descriptor.captured_size,
@@ -57,6 +59,44 @@ def descriptor_values(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> dict[
         "num_active_loras": descriptor.num_active_loras,
         "descriptor_key": descriptor.key,
     }
+
+
+# ------------------------------------------------------------------------------------------ runs
+
+
+RUN_TEXT_LIMITS = {"label": 200, "host": 255, "process": 500, "device": 200, "backend": 32}
+"""The lengths of the runs table's text columns."""
+
+
+def insert_run(conn: Connection, info: RunInfo, now: float, backend: str | None = None) -> int:
+    values = asdict(info) | {"backend": backend or UNKNOWN_BACKEND, "last_seen_at": now, "dropped_events": 0}
+    for name, limit in RUN_TEXT_LIMITS.items():
+        values[name] = values[name][:limit]
+    return conn.execute(insert(models.Run).values(values).returning(models.Run.id)).scalar_one()
+
+
+def update_run(
+    conn: Connection,
+    run_id: int,
+    now: float,
+    *,
+    backend: str | None = None,
+    dropped_events: int | None = None,
+    ended_at: float | None = None,
+) -> None:
+    """What every flush does to its run: ``last_seen_at`` moves to ``now`` (the run is live), and
+    the backend, the dropped-event count and the end are set when given."""
+    values: dict[str, object] = {"last_seen_at": now}
+    if backend:
+        values["backend"] = backend[:RUN_TEXT_LIMITS["backend"]]
+    if dropped_events is not None:
+        values["dropped_events"] = dropped_events
+    if ended_at is not None:
+        values["ended_at"] = ended_at
+    conn.execute(update(models.Run).where(models.Run.id == run_id).values(**values))
+
+
+# ---------------------------------------------------------------------------------------- graphs
 
 
 def capture_values(run_id: int, event: CaptureEvent) -> dict[str, object]:
@@ -78,20 +118,241 @@ def capture_values(run_id: int, event: CaptureEvent) -> dict[str, object]:
     }
 
 
-@dataclass
-class _Staged:
-    """Ids made inside the current transaction; adopted only if it commits."""
+def insert_graphs(conn: Connection, run_id: int, events: Sequence[CaptureEvent]) -> dict[GraphKey, int]:
+    """One row per capture; graph key -> id (a key captured twice: the later graph)."""
+    ids = _insert_returning_ids(conn, models.Graph, [capture_values(run_id, event) for event in events])
+    return {graph_key(e.mode, e.descriptor): graph_id for e, graph_id in zip(events, ids, strict=True)}
 
-    run_id: int | None = None
-    graph_ids: dict[GraphKey, int] = field(default_factory=dict)
-    violation_ids: dict[ViolationKey, int] = field(default_factory=dict)
-    violation_last_seen: dict[ViolationKey, float] = field(default_factory=dict)
-    replay_totals: set[GraphKey] = field(default_factory=set)
-    eager_totals: set[tuple[str, str]] = field(default_factory=set)
+
+def graph_ids(conn: Connection, run_id: int, keys: Iterable[GraphKey]) -> dict[GraphKey, int]:
+    """The ids of ``run_id``'s graphs with these keys (a key captured twice: the later graph)."""
+    g = models.Graph
+    wanted = list(keys)
+    if not wanted:
+        return {}
+    rows = conn.execute(
+        select(g.mode, g.descriptor_key, g.id)
+        .where(g.run_id == run_id, tuple_(g.mode, g.descriptor_key).in_(wanted))
+        .order_by(g.id)
+    )
+    return {(mode, key): graph_id for mode, key, graph_id in rows}
+
+
+# ------------------------------------------------------------------------------------ violations
+
+
+def violation_values(run_id: int, pending: PendingViolation) -> dict[str, object]:
+    event = pending.event
+    return {
+        "run_id": run_id,
+        "kind": event.kind.value,
+        "wrapper": event.wrapper[:200],
+        "input_name": None if event.input_name is None else event.input_name[:200],
+        "expected_address": event.expected_address,
+        "actual_address": event.actual_address,
+        "message": event.message,
+        "stack": event.stack,
+        "injected": bool(event.injected),
+        "count": pending.count,
+        "first_seen_at": pending.first_seen_at,
+        "last_seen_at": pending.last_seen_at,
+        **descriptor_values(event.mode, event.descriptor),
+    }
+
+
+def insert_violations(
+    conn: Connection, run_id: int, pending: Mapping[ViolationKey, PendingViolation]
+) -> dict[ViolationKey, int]:
+    """One row per new finding; finding key -> id."""
+    rows = [violation_values(run_id, p) for p in pending.values()]
+    return dict(zip(pending, _insert_returning_ids(conn, models.Violation, rows), strict=True))
+
+
+def add_to_violation(conn: Connection, violation_id: int, count: int, last_seen_at: float) -> None:
+    """More occurrences of a finding already written."""
+    v = models.Violation
+    conn.execute(
+        update(v).where(v.id == violation_id).values(count=v.count + count, last_seen_at=last_seen_at)
+    )
+
+
+# --------------------------------------------------------------------------------------- traffic
+
+
+@dataclass
+class KnownTotals:
+    """The running-total rows that exist for one run: a new key is inserted, a known one bumped."""
+
+    replays: set[GraphKey] = field(default_factory=set)
+    eager: set[tuple[str, str]] = field(default_factory=set)
+    """(reason, mode label)."""
+
+    def update(self, other: KnownTotals) -> None:
+        self.replays |= other.replays
+        self.eager |= other.eager
+
+    @classmethod
+    def of_run(cls, conn: Connection, run_id: int) -> KnownTotals:
+        """The running totals ``run_id`` has now (for a writer that takes over an existing run)."""
+        r, e = models.ReplayTotal, models.EagerTotal
+        replays = conn.execute(select(r.mode, r.descriptor_key).where(r.run_id == run_id))
+        eager = conn.execute(select(e.reason, e.mode).where(e.run_id == run_id))
+        return cls({tuple(row) for row in replays}, {tuple(row) for row in eager})
+
+
+@dataclass(frozen=True)
+class _TotalsTable:
+    """A running-totals table: one row per run and ``key``; a bump adds ``counts``, sets ``latest``."""
+
+    model: Any
+    key: tuple[str, ...]
+    counts: tuple[str, ...]
+    latest: tuple[str, ...] = ()
+
+
+REPLAY_TOTALS = _TotalsTable(
+    models.ReplayTotal, ("mode", "descriptor_key"), ("replays", "num_real_tokens", "padding_tokens"),
+    latest=("graph_id",),
+)
+EAGER_TOTALS = _TotalsTable(models.EagerTotal, ("reason", "mode"), ("batches", "num_real_tokens"))
+
+
+def append_traffic(
+    conn: Connection,
+    run_id: int,
+    windows: Iterable[TrafficWindow],
+    graph_ids: Mapping[GraphKey, int | None],
+    known: KnownTotals,
+    now: float,
+) -> KnownTotals:
+    """Append the windows' rows (replay windows, eager fallbacks, batch-size counts) and add them to
+    the run's running totals: a few executemany statements however many windows. Returns the
+    running-total keys it created (known to exist once the transaction commits)."""
+    replay_rows, eager_rows, size_rows = [], [], []
+    replay_sums: dict[tuple, dict[str, Any]] = {}
+    eager_sums: dict[tuple, dict[str, Any]] = {}
+    described: dict[GraphKey, dict[str, Any]] = {}
+    for window in windows:
+        span = {"run_id": run_id, "window_start": window.window_start, "window_end": window.window_end}
+        for key, delta in window.replays.items():
+            columns = described.get(key)
+            if columns is None:
+                columns = described[key] = descriptor_values(delta.mode, delta.descriptor) | {
+                    "graph_id": graph_ids.get(key)
+                }
+            counts = {
+                "replays": delta.replays,
+                "num_real_tokens": delta.num_real_tokens,
+                "padding_tokens": delta.padding_tokens,
+            }
+            replay_rows.append(span | columns | counts)
+            _add_counts(replay_sums, key, columns, counts)
+        for (reason, mode), (batches, real) in window.eager.items():
+            columns = {"reason": reason, "mode": mode}
+            counts = {"batches": batches, "num_real_tokens": real}
+            eager_rows.append(span | columns | counts)
+            _add_counts(eager_sums, (reason, mode), columns, counts)
+        size_rows += [
+            {"run_id": run_id, "window_start": window.window_start, "num_real_tokens": n, "batches": batches}
+            for n, batches in sorted(window.batch_sizes.items())
+        ]
+    for model, rows in (
+        (models.ReplayWindow, replay_rows),
+        (models.EagerFallback, eager_rows),
+        (models.BatchSizeCount, size_rows),
+    ):
+        if rows:
+            conn.execute(insert(model), rows)
+    return KnownTotals(
+        _add_to_totals(conn, REPLAY_TOTALS, run_id, replay_sums, known.replays, now),
+        _add_to_totals(conn, EAGER_TOTALS, run_id, eager_sums, known.eager, now),
+    )
+
+
+def _add_counts(sums: dict[tuple, dict[str, Any]], key: tuple, columns: dict, counts: dict[str, int]) -> None:
+    """Sum ``counts`` per key (a key's other columns are the same in every window of one call)."""
+    found = sums.get(key)
+    if found is None:
+        sums[key] = columns | counts
+        return
+    for name, value in counts.items():
+        found[name] += value
+
+
+def _add_to_totals(
+    conn: Connection, table: _TotalsTable, run_id: int, sums: dict[tuple, dict[str, Any]], known: set,
+    now: float,
+) -> set:
+    """Insert the totals of new keys, bump the known ones in place; the keys inserted."""
+    created, bumps, new = set(), [], []
+    for key, row in sums.items():
+        if key in known:
+            bumps.append(
+                {"k_run_id": run_id, "v_updated_at": now}
+                | {f"k_{name}": row[name] for name in table.key}
+                | {f"d_{name}": row[name] for name in table.counts}
+                | {f"v_{name}": row[name] for name in table.latest}
+            )
+        else:
+            new.append(row | {"run_id": run_id, "updated_at": now})
+            created.add(key)
+    if new:
+        conn.execute(insert(table.model), new)
+    if bumps:
+        t = table.model.__table__
+        key = [t.c[name] == bindparam(f"k_{name}") for name in ("run_id", *table.key)]
+        conn.execute(
+            update(t)
+            .where(*key)
+            .values(
+                {name: t.c[name] + bindparam(f"d_{name}") for name in table.counts}
+                | {name: bindparam(f"v_{name}") for name in (*table.latest, "updated_at")}
+            ),
+            bumps,
+        )
+    return created
+
+
+# -------------------------------------------------------------------------------- compile events
+
+
+class CompileRecordable(Protocol):
+    """A torch.compile skip or re-record, as ``graph-inspector watch`` hears one."""
+
+    kind: Any
+    """An enum whose value is the kind (``compile_skip``, ``compile_rerecord``)."""
+    function: str
+    reason: str
+    message: str
+    seen_at: float
+
+
+def record_compile_event(conn: Connection, run_id: int, event: CompileRecordable) -> None:
+    """Repeats of one kind, function and reason in a run bump the count."""
+    c = models.CompileRecord
+    function = event.function[:200]
+    key = {"run_id": run_id, "kind": event.kind.value, "function": function, "reason": event.reason}
+    known = conn.execute(select(c.id).filter_by(**key)).scalar()
+    if known is None:
+        seen = {"first_seen_at": event.seen_at, "last_seen_at": event.seen_at}
+        conn.execute(insert(c).values(**key, message=event.message, count=1, **seen))
+    else:
+        conn.execute(update(c).where(c.id == known).values(count=c.count + 1, last_seen_at=event.seen_at))
+
+
+def _insert_returning_ids(conn: Connection, model: Any, rows: list[dict[str, object]]) -> list[int]:
+    """Insert ``rows`` in one executemany; their ids, in the order of ``rows``."""
+    if not rows:
+        return []
+    statement = insert(model).returning(model.id, sort_by_parameter_order=True)
+    return list(conn.execute(statement, rows).scalars())
+
+
+# ------------------------------------------------------------------------------- one run's writer
 
 
 class RunWriter:
-    """Turns flush batches into rows of one run."""
+    """Turns one recorder's flush batches into rows of its run, one transaction per batch."""
 
     def __init__(self, store: Store, info: RunInfo) -> None:
         self.store = store
@@ -100,200 +361,37 @@ class RunWriter:
         self.graph_ids: dict[GraphKey, int] = {}
         self.violation_ids: dict[ViolationKey, int] = {}
         self.violation_last_seen: dict[ViolationKey, float] = {}
-        self.replay_totals: set[GraphKey] = set()
-        """Graph keys whose running-total row exists (it is then bumped by its unique key)."""
-        self.eager_totals: set[tuple[str, str]] = set()
+        self.totals = KnownTotals()
 
     def create_run(self, now: float, backend: str | None) -> int:
         """Insert the run row now (start() does this so the run shows up before any traffic)."""
-        staged = _Staged()
-        with self.store.writer() as conn:
-            self._ensure_run(conn, staged, now, backend)
-        self._adopt(staged)
-        assert self.run_id is not None
+        if self.run_id is None:
+            with self.store.writer() as conn:
+                run_id = insert_run(conn, self.info, now, backend)
+            self.run_id = run_id
         return self.run_id
 
     def write(self, batch: FlushBatch, now: float) -> None:
         """Write ``batch`` in one transaction; raises (with nothing adopted) if it fails."""
-        staged = _Staged()
         with self.store.writer() as conn:
-            run_id = self._ensure_run(conn, staged, now, batch.backend)
-            self._write_captures(conn, staged, run_id, batch)
-            self._write_violations(conn, staged, run_id, batch)
-            self._write_traffic(conn, staged, run_id, batch, now)
-            values: dict[str, object] = {"last_seen_at": now, "dropped_events": batch.dropped_events}
-            if batch.backend:
-                values["backend"] = batch.backend[:32]
-            if batch.ended_at is not None:
-                values["ended_at"] = batch.ended_at
-            conn.execute(update(Run).where(Run.id == run_id).values(**values))
-        self._adopt(staged)
-
-    def _adopt(self, staged: _Staged) -> None:
-        if staged.run_id is not None:
-            self.run_id = staged.run_id
-        self.graph_ids.update(staged.graph_ids)
-        self.violation_ids.update(staged.violation_ids)
-        self.violation_last_seen.update(staged.violation_last_seen)
-        self.replay_totals |= staged.replay_totals
-        self.eager_totals |= staged.eager_totals
-
-    def _ensure_run(self, conn: Connection, staged: _Staged, now: float, backend: str | None) -> int:
-        if self.run_id is not None:
-            return self.run_id
-        info = self.info
-        staged.run_id = conn.execute(
-            insert(Run)
-            .values(
-                label=info.label[:200],
-                host=info.host[:255],
-                pid=info.pid,
-                process=info.process[:500],
-                rank=info.rank,
-                world_size=info.world_size,
-                device=info.device[:200],
-                backend=(backend or UNKNOWN_BACKEND)[:32],
-                config=info.config,
-                started_at=info.started_at,
-                last_seen_at=now,
-                dropped_events=0,
-            )
-            .returning(Run.id)
-        ).scalar_one()
-        return staged.run_id
-
-    def _write_captures(self, conn: Connection, staged: _Staged, run_id: int, batch: FlushBatch) -> None:
-        for event in batch.captures:
-            graph_id = conn.execute(insert(Graph).values(capture_values(run_id, event)).returning(Graph.id))
-            staged.graph_ids[graph_key(event.mode, event.descriptor)] = graph_id.scalar_one()
-
-    def _write_violations(self, conn: Connection, staged: _Staged, run_id: int, batch: FlushBatch) -> None:
-        for key, pending in batch.violations.items():
-            known = self.violation_ids.get(key)
-            if known is not None:
-                last = max(self.violation_last_seen.get(key, 0.0), pending.last_seen_at)
-                conn.execute(
-                    update(Violation)
-                    .where(Violation.id == known)
-                    .values(count=Violation.count + pending.count, last_seen_at=last)
-                )
-                staged.violation_last_seen[key] = last
-                continue
-            event = pending.event
-            staged.violation_ids[key] = conn.execute(
-                insert(Violation)
-                .values(
-                    run_id=run_id,
-                    kind=event.kind.value,
-                    wrapper=event.wrapper[:200],
-                    input_name=None if event.input_name is None else event.input_name[:200],
-                    expected_address=event.expected_address,
-                    actual_address=event.actual_address,
-                    message=event.message,
-                    stack=event.stack,
-                    injected=bool(event.injected),
-                    count=pending.count,
-                    first_seen_at=pending.first_seen_at,
-                    last_seen_at=pending.last_seen_at,
-                    **descriptor_values(event.mode, event.descriptor),
-                )
-                .returning(Violation.id)
-            ).scalar_one()
-            staged.violation_last_seen[key] = pending.last_seen_at
-
-    def _graph_id(self, staged: _Staged, key: GraphKey) -> int | None:
-        return staged.graph_ids.get(key, self.graph_ids.get(key))
-
-    def _write_traffic(
-        self, conn: Connection, staged: _Staged, run_id: int, batch: FlushBatch, now: float
-    ) -> None:
-        """Append this window's rows and bump the running totals: a few executemany statements."""
-        traffic = batch.traffic
-        start, end = traffic.window_start, traffic.window_end
-        windows, new_totals, bumps = [], [], []
-        for key, delta in traffic.replays.items():
-            graph_id = self._graph_id(staged, key)
-            counts = {
-                "replays": delta.replays,
-                "num_real_tokens": delta.num_real_tokens,
-                "padding_tokens": delta.padding_tokens,
-            }
-            described = descriptor_values(delta.mode, delta.descriptor)
-            windows.append(
-                {"run_id": run_id, "graph_id": graph_id, "window_start": start, "window_end": end}
-                | counts
-                | described
-            )
-            if key in self.replay_totals or key in staged.replay_totals:
-                bumps.append(
-                    {"k_run": run_id, "k_mode": key[0], "k_key": key[1], "k_graph": graph_id, "k_now": now}
-                    | {f"d_{name}": value for name, value in counts.items()}
-                )
-            else:
-                new_totals.append(
-                    {"run_id": run_id, "graph_id": graph_id, "updated_at": now} | counts | described
-                )
-                staged.replay_totals.add(key)
-        if windows:
-            conn.execute(insert(ReplayWindow), windows)
-        if new_totals:
-            conn.execute(insert(ReplayTotal), new_totals)
-        if bumps:
-            t = ReplayTotal
-            conn.execute(
-                update(t)
-                .where(
-                    t.run_id == bindparam("k_run"),
-                    t.mode == bindparam("k_mode"),
-                    t.descriptor_key == bindparam("k_key"),
-                )
-                .values(
-                    graph_id=bindparam("k_graph"),
-                    replays=t.replays + bindparam("d_replays"),
-                    num_real_tokens=t.num_real_tokens + bindparam("d_num_real_tokens"),
-                    padding_tokens=t.padding_tokens + bindparam("d_padding_tokens"),
-                    updated_at=bindparam("k_now"),
-                ),
-                bumps,
-            )
-
-        fallbacks, new_eager, eager_bumps = [], [], []
-        for (reason, mode), (batches, tokens) in traffic.eager.items():
-            row = {"run_id": run_id, "reason": reason, "mode": mode, "batches": batches,
-                   "num_real_tokens": tokens}
-            fallbacks.append(row | {"window_start": start, "window_end": end})
-            if (reason, mode) in self.eager_totals or (reason, mode) in staged.eager_totals:
-                eager_bumps.append(
-                    {"k_run": run_id, "k_reason": reason, "k_mode": mode, "k_now": now}
-                    | {"d_batches": batches, "d_num_real_tokens": tokens}
-                )
-            else:
-                new_eager.append(row | {"updated_at": now})
-                staged.eager_totals.add((reason, mode))
-        if fallbacks:
-            conn.execute(insert(EagerFallback), fallbacks)
-        if new_eager:
-            conn.execute(insert(EagerTotal), new_eager)
-        if eager_bumps:
-            e = EagerTotal
-            conn.execute(
-                update(e)
-                .where(
-                    e.run_id == bindparam("k_run"),
-                    e.reason == bindparam("k_reason"),
-                    e.mode == bindparam("k_mode"),
-                )
-                .values(
-                    batches=e.batches + bindparam("d_batches"),
-                    num_real_tokens=e.num_real_tokens + bindparam("d_num_real_tokens"),
-                    updated_at=bindparam("k_now"),
-                ),
-                eager_bumps,
-            )
-
-        sizes = [
-            {"run_id": run_id, "window_start": start, "num_real_tokens": size, "batches": batches}
-            for size, batches in sorted(traffic.batch_sizes.items())
-        ]
-        if sizes:
-            conn.execute(insert(BatchSizeCount), sizes)
+            run_id = self.run_id
+            if run_id is None:
+                run_id = insert_run(conn, self.info, now, batch.backend)
+            graphs = insert_graphs(conn, run_id, batch.captures)
+            new = {key: p for key, p in batch.violations.items() if key not in self.violation_ids}
+            violation_ids = insert_violations(conn, run_id, new)
+            last_seen = {key: p.last_seen_at for key, p in new.items()}
+            for key, pending in batch.violations.items():
+                if key not in new:
+                    last_seen[key] = max(self.violation_last_seen.get(key, 0.0), pending.last_seen_at)
+                    add_to_violation(conn, self.violation_ids[key], pending.count, last_seen[key])
+            ids = ChainMap(graphs, self.graph_ids)
+            totals = append_traffic(conn, run_id, [batch.traffic], ids, self.totals, now)
+            update_run(conn, run_id, now, backend=batch.backend, dropped_events=batch.dropped_events,
+                       ended_at=batch.ended_at)
+        # Committed: adopt what the transaction made.
+        self.run_id = run_id
+        self.graph_ids.update(graphs)
+        self.violation_ids.update(violation_ids)
+        self.violation_last_seen.update(last_seen)
+        self.totals.update(totals)

@@ -42,7 +42,7 @@ def main() -> int:
         if url is None:
             url = f"sqlite:///{Path(scratch) / 'sample.db'}"
             store = open_store(url, upgrade=True)
-            seed_sample(store.engine, now=time.time())
+            seed_sample(store, now=time.time())
             store.dispose()
         with Daemon(url) as daemon, sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -82,6 +82,8 @@ class WatchedGraph:
     unexpected: bool
     repeat: int
     """How many captures of the same code and shapes came before this one (0: the first)."""
+    mode: CUDAGraphMode = CUDAGraphMode.FULL
+    """The runtime mode its capture, violations and replays are recorded under."""
     replays: int = 0
     on_replay: Callable[[CUDAGraphMode, BatchDescriptor, int], None] | None = None
     """The sink's per-replay call, bound once the capture was sent; None for sinks that read
@@ -262,7 +264,7 @@ class Watcher:
     def _send_capture(self, graph: WatchedGraph, pending: PendingCapture) -> None:
         event = CaptureEvent(
             descriptor=graph.descriptor,
-            mode=CUDAGraphMode.FULL,
+            mode=graph.mode,
             backend=WATCH_BACKEND,
             wrapper=pending.site.text,
             input_names=graph.inputs.names,
@@ -279,7 +281,7 @@ class Watcher:
         event = ViolationEvent(
             kind=ViolationKind.UNEXPECTED_CAPTURE,
             descriptor=graph.descriptor,
-            mode=CUDAGraphMode.FULL,
+            mode=graph.mode,
             wrapper=pending.site.text,
             message=(
                 f"graph {graph.identity.key} was captured at {pending.site.text} after the process "

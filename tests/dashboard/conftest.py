@@ -19,7 +19,7 @@ from flask.testing import FlaskClient
 from dashboard.app import create_app
 from inspector.store import Store, open_store
 from inspector.watch.compile_log import SKIP_LOGGER, TREES_LOGGER, compile_event_from_record
-from inspector.watch.flush import upsert_compile_event
+from inspector.writer import record_compile_event
 from tests.support.sample import seed_sample
 
 COMPILE_LOG = [
@@ -33,18 +33,18 @@ COMPILE_LOG = [
 ]
 
 
-def add_compile_events(engine: object, run_id: int, now: float) -> int:
+def add_compile_events(store: Store, run_id: int, now: float) -> int:
     """Write torch.compile skips and re-records for ``run_id`` the way ``graph-inspector watch`` does:
-    its log filter turns the compiler's records into events, its flusher upserts them."""
+    its log filter turns the compiler's records into events, the write module records them."""
     written = 0
-    with engine.begin() as conn:  # type: ignore[attr-defined]
+    with store.writer() as conn:
         for logger, template, args, times in COMPILE_LOG:
             for i in range(times):
                 record = logging.LogRecord(logger, logging.DEBUG, "trees.py", 1, template, args, None)
                 record.created = now - 60 + i
                 event = compile_event_from_record(record)
                 assert event is not None
-                upsert_compile_event(conn, run_id, event)
+                record_compile_event(conn, run_id, event)
                 written += 1
     return written
 
@@ -54,8 +54,8 @@ def seeded_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
     path = tmp_path_factory.mktemp("template") / "inspector.db"
     store = open_store(f"sqlite:///{path}", upgrade=True)
     now = time.time()
-    ids = seed_sample(store.engine, now=now)
-    add_compile_events(store.engine, ids["cuda_run"], now)
+    ids = seed_sample(store, now=now)
+    add_compile_events(store, ids["cuda_run"], now)
     with store.engine.connect() as conn:
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     store.dispose()

@@ -31,7 +31,7 @@ def get_error(client: FlaskClient, url: str, status: int, method: str = "GET") -
 def test_summary_totals_match_the_seeded_traffic(
     app: Flask, client: FlaskClient, seeded: dict[str, int]
 ) -> None:
-    touch_run(app.extensions["graph_inspector"].store.engine, seeded["eager_run"])
+    touch_run(app.extensions["graph_inspector"].store, seeded["eager_run"])
     data = get_ok(client, "/api/summary")["data"]
     assert data["runs"]["total"] == 2
     assert data["runs"]["live"] == [seeded["eager_run"]]
@@ -131,7 +131,7 @@ def test_summary_counts_compile_events_per_kind_for_the_chosen_run(
 
 
 def test_runs_list_and_compare(app: Flask, client: FlaskClient, seeded: dict[str, int]) -> None:
-    touch_run(app.extensions["graph_inspector"].store.engine, seeded["eager_run"])
+    touch_run(app.extensions["graph_inspector"].store, seeded["eager_run"])
     runs = get_ok(client, "/api/runs")["data"]["items"]
     assert [r["id"] for r in runs] == [seeded["eager_run"], seeded["cuda_run"]]  # newest first
     assert runs[0]["live"] is True and runs[1]["live"] is False

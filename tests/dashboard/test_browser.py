@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from sqlalchemy import update
 
-from inspector.models import EagerTotal
 from inspector.store import Store, open_store
 from tests.support.daemon import Daemon
-from tests.support.sample import touch_run
+from tests.support.sample import flush_eager_batch
 
 pytestmark = pytest.mark.browser
 
@@ -49,13 +46,7 @@ def daemon(
 def _flush_like_a_recorder(store: Store, ids: dict[str, int], stop: threading.Event) -> None:
     """Keep the eager run live, as its recorder would: every second, one more eager batch."""
     while not stop.wait(1.0):
-        touch_run(store.engine, ids["eager_run"])
-        with store.engine.begin() as conn:
-            conn.execute(
-                update(EagerTotal)
-                .where(EagerTotal.run_id == ids["eager_run"])
-                .values(batches=EagerTotal.batches + 1, updated_at=time.time())
-            )
+        flush_eager_batch(store, ids["eager_run"])
 
 
 @pytest.fixture(scope="module")

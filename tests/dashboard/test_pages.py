@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
-from sqlalchemy import update
 
 from dashboard.app import create_app
-from inspector.models import Run
 from tests.support.sample import touch_run
 
 
@@ -100,11 +98,11 @@ def test_runs_and_compare_pages(client: FlaskClient, seeded: dict[str, int]) -> 
 def test_live_run_makes_pages_refresh_themselves(
     app: Flask, client: FlaskClient, seeded: dict[str, int]
 ) -> None:
-    engine = app.extensions["graph_inspector"].store.engine
-    touch_run(engine, seeded["eager_run"])
+    store = app.extensions["graph_inspector"].store
+    touch_run(store, seeded["eager_run"])
     assert 'data-live="true"' in page(client, "/")
-    with engine.begin() as conn:
-        conn.execute(update(Run).values(last_seen_at=time.time() - 3600))
+    for run_id in (seeded["cuda_run"], seeded["eager_run"]):
+        touch_run(store, run_id, at=time.time() - 3600)
     assert 'data-live="false"' in page(client, "/")
     assert "refreshing every" not in page(client, "/violations")
 

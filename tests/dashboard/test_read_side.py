@@ -6,22 +6,27 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, select
 
-from inspector.models import ReplayWindow, Run, Violation
+from capture_core.descriptor import BatchDescriptor
+from capture_core.modes import CUDAGraphMode
+from inspector.batch import ReplayDelta, TrafficWindow, graph_key
+from inspector.models import ReplayWindow, Run
 from inspector.queries import Queries
 from inspector.rollup import Rollup, TimeBuckets
 from inspector.store import Store
 from inspector.traffic import TrafficTotals
+from inspector.writer import KnownTotals, add_to_violation, append_traffic
 from tests.support.sample import seed_sample
 
 
-def window(run_id: int, start: float, replays: int = 10, real: int = 70, padding: int = 10) -> dict:
-    return {"run_id": run_id, "graph_id": None, "mode": "full", "captured_size": 8, "num_reqs": 8,
-            "uniform": True, "has_lora": False, "num_active_loras": 0,
-            "descriptor_key": "tokens=8,reqs=8,uniform=1",
-            "window_start": start, "window_end": start + 1, "replays": replays, "num_real_tokens": real,
-            "padding_tokens": padding}
+def add_window(store: Store, run_id: int, start: float, replays: int = 10) -> None:
+    """What a recorder's next flush appends: one replay window of an 8-token graph, 7 real tokens each."""
+    full, descriptor = CUDAGraphMode.FULL, BatchDescriptor(8, 8, True)
+    delta = ReplayDelta(full, descriptor, replays=replays, num_real_tokens=7 * replays)
+    window = TrafficWindow(start, start + 1, replays={graph_key(full, descriptor): delta})
+    with store.writer() as conn:
+        append_traffic(conn, run_id, [window], {}, KnownTotals.of_run(conn, run_id), start + 1)
 
 
 def series_replays(queries: Queries, run_id: int | None = None) -> int:
@@ -29,14 +34,13 @@ def series_replays(queries: Queries, run_id: int | None = None) -> int:
 
 
 def test_series_equal_the_windows_and_fold_only_new_rows(store: Store) -> None:
-    ids = seed_sample(store.engine, now=time.time())
+    ids = seed_sample(store, now=time.time())
     queries = Queries(store.engine)
     with store.engine.connect() as conn:
         total = conn.scalar(select(func.sum(ReplayWindow.replays)))
     queries.rollup.refresh()
     assert series_replays(queries) == total
-    with store.engine.begin() as conn:
-        conn.execute(insert(ReplayWindow), [window(ids["eager_run"], time.time(), replays=1234)])
+    add_window(store, ids["eager_run"], time.time(), replays=1234)
     assert series_replays(queries) == total  # memoised until the next refresh
     queries.rollup.refresh()
     assert series_replays(queries) == total + 1234
@@ -44,7 +48,7 @@ def test_series_equal_the_windows_and_fold_only_new_rows(store: Store) -> None:
 
 
 def test_deleting_a_run_rebuilds_everything(store: Store) -> None:
-    ids = seed_sample(store.engine, now=time.time())
+    ids = seed_sample(store, now=time.time())
     queries = Queries(store.engine)
     assert queries.summary()["violations"]["findings"] == 3
     with store.engine.begin() as conn:
@@ -57,17 +61,17 @@ def test_deleting_a_run_rebuilds_everything(store: Store) -> None:
 
 
 def test_new_findings_count_but_repeats_do_not(store: Store) -> None:
-    ids = seed_sample(store.engine, now=time.time())
+    ids = seed_sample(store, now=time.time())
     queries = Queries(store.engine)
     assert queries.summary()["violations"]["findings"] == 3
-    with store.engine.begin() as conn:
-        conn.execute(Violation.__table__.update().where(Violation.id == ids["drift"]).values(count=99))
+    with store.writer() as conn:  # the same finding, seen 87 times more: its count grows, not its rows
+        add_to_violation(conn, ids["drift"], 87, time.time())
     assert queries.summary()["violations"]["findings"] == 3
     assert queries.violation(ids["drift"])["count"] == 99
 
 
 def test_with_concurrent_writers_rows_wait_until_their_ids_settle(store: Store) -> None:
-    ids = seed_sample(store.engine, now=time.time())
+    ids = seed_sample(store, now=time.time())
     now = [1000.0]
     rollup = Rollup(store.engine, settle_seconds=2.0, clock=lambda: now[0])
     rollup.refresh()
@@ -76,8 +80,7 @@ def test_with_concurrent_writers_rows_wait_until_their_ids_settle(store: Store) 
     rollup.refresh()
     before = sum(t.replays for _, t in rollup.series())
     assert before > 0
-    with store.engine.begin() as conn:
-        conn.execute(insert(ReplayWindow), [window(ids["eager_run"], time.time(), replays=77)])
+    add_window(store, ids["eager_run"], time.time(), replays=77)
     rollup.refresh()  # the new id is seen now...
     assert sum(t.replays for _, t in rollup.series()) == before
     now[0] += 1.0
@@ -98,7 +101,7 @@ def test_time_buckets_double_their_width_to_stay_bounded() -> None:
 
 
 def test_all_runs_together_stay_within_the_bucket_budget(store: Store) -> None:
-    seed_sample(store.engine, now=time.time())
+    seed_sample(store, now=time.time())
     with store.engine.connect() as conn:
         total = conn.scalar(select(func.sum(ReplayWindow.replays)))
     rollup = Rollup(store.engine, total_buckets=40)
@@ -108,7 +111,7 @@ def test_all_runs_together_stay_within_the_bucket_budget(store: Store) -> None:
 
 
 def test_series_are_at_most_the_points_asked_for(store: Store) -> None:
-    seed_sample(store.engine, now=time.time())
+    seed_sample(store, now=time.time())
     queries = Queries(store.engine)
     queries.rollup.refresh()
     points = queries.rollup.series(points=30)
@@ -124,7 +127,7 @@ def test_traffic_ratios_are_none_before_any_traffic() -> None:
 
 
 def test_run_picker_lists_the_newest_runs_and_the_selected_one(store: Store) -> None:
-    ids = seed_sample(store.engine, now=time.time())
+    ids = seed_sample(store, now=time.time())
     queries = Queries(store.engine)
     assert [r["id"] for r in queries.run_options(limit=1)] == [ids["eager_run"]]
     with_selected = queries.run_options(ids["cuda_run"], limit=1)

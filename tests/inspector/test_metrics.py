@@ -16,8 +16,8 @@ from capture_core.sizes import EagerReason
 from inspector.metrics import METRICS, PREFIX, InspectorCollector, metrics_table_markdown
 from inspector.recorder import Recorder
 from inspector.store import open_store
-from inspector.watch.flush import upsert_compile_event
 from inspector.watch.watcher import CompileEvent, CompileEventKind
+from inspector.writer import record_compile_event
 
 ALLOWED_LABELS = {"mode", "captured_size", "reason", "kind", "state"}
 
@@ -59,7 +59,7 @@ def _hear_compile_events(url: str, run_id: int) -> None:
     store = open_store(url)
     with store.engine.begin() as conn:
         for event in (rerecord, rerecord, rerecord, skip):
-            upsert_compile_event(conn, run_id, event)
+            record_compile_event(conn, run_id, event)
     store.dispose()
 
 

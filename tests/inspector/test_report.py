@@ -17,8 +17,8 @@ from capture_core.events import ViolationEvent, ViolationKind
 from inspector.recorder import Recorder
 from inspector.report import build_report, render_json, render_junit, render_text
 from inspector.store import open_store
-from inspector.watch.flush import upsert_compile_event
 from inspector.watch.watcher import CompileEvent, CompileEventKind
+from inspector.writer import record_compile_event
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ def test_torch_compile_re_records_are_reported_per_run_without_failing_it(db_url
     rerecord = CompileEvent(CompileEventKind.RERECORD, "static input data pointer changed.", "m", "forward")
     with store.engine.begin() as conn:
         for _ in range(4):
-            upsert_compile_event(conn, run_id, rerecord)
+            record_compile_event(conn, run_id, rerecord)
     report = build_report(store)
     store.dispose()
     assert report.ok and report.exit_code == 0

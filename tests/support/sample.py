@@ -1,8 +1,10 @@
 """Synthetic inspector databases: a small realistic one for page tests and screenshots, and a
 bulk one (a million replay windows) for the dashboard benchmark.
 
-Both are written with bulk Core inserts straight into the inspector's tables, so that they look
-exactly like what the recorder leaves behind, without running a model.
+Both are written through the inspector's one write path (``inspector.writer``), so that they hold
+exactly what a recorder leaves behind, without running a model: the small one flush by flush
+through a ``RunWriter`` as a recorder writes it, the bulk one with the same functions in large
+executemany batches.
 """
 
 from __future__ import annotations
@@ -12,22 +14,25 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, select, update
-
 from capture_core.descriptor import BatchDescriptor
+from capture_core.events import CaptureEvent, ViolationEvent, ViolationKind
+from capture_core.modes import CUDAGraphMode
 from capture_core.reference import TrafficConfig, decode_batch_sizes, load_trace
-from capture_core.sizes import SizeTable, power_of_two_sizes, vllm_default_sizes
-from inspector.models import (
-    BatchSizeCount,
-    EagerFallback,
-    EagerTotal,
-    Graph,
-    ReplayTotal,
-    ReplayWindow,
-    Run,
-    Violation,
+from capture_core.sizes import EagerReason, SizeTable, power_of_two_sizes, vllm_default_sizes
+from inspector.batch import FlushBatch, PendingViolation, ReplayDelta, TrafficWindow, graph_key, violation_key
+from inspector.store import Store
+from inspector.writer import (
+    KnownTotals,
+    RunInfo,
+    RunWriter,
+    append_traffic,
+    insert_graphs,
+    insert_run,
+    insert_violations,
+    update_run,
 )
 
 MIB = 1 << 20
@@ -35,72 +40,136 @@ HOSTILE_MESSAGE = '<script>window.__pwned = 1</script><img src=x onerror="window
 """A violation message that would run script if any page rendered data as HTML (tests look for it)."""
 
 INPUT_NAMES = ("input_ids", "positions", "kv_caches[0]", "kv_caches[1]", "attn_metadata.slot_mapping")
+MODES = {"full": CUDAGraphMode.FULL, "piecewise": CUDAGraphMode.PIECEWISE}
+ABOVE_MAX = EagerReason.ABOVE_MAX_CAPTURE_SIZE.value
 
 
-def seed_sample(engine: Engine, *, now: float, seed: int = 7) -> dict[str, int]:
+def seed_sample(store: Store, *, now: float, seed: int = 7) -> dict[str, int]:
     """Two runs: a finished CUDA run (FULL decode graphs plus piecewise mixed graphs) and a live
     eager-backend run with an injected address drift, an injected unexpected capture and a
     violation whose text is hostile HTML. Returns the ids tests look for."""
     rng = random.Random(seed)
-    with engine.begin() as conn:
-        cuda_run = _insert_run(
-            conn, label="llama-1b decode (H200)", host="gpu-node-07", device="NVIDIA H200", backend="cuda",
-            config={"mode": "full_and_piecewise", "sizes": "vllm", "max_size": 256, "checks": "cheap"},
-            started_at=now - 3 * 3600, last_seen_at=now - 3600, ended_at=now - 3600,
-        )
-        eager_run = _insert_run(
-            conn, label="ci smoke (eager backend)", host="ci-runner-3", device="cpu", backend="eager",
-            config={"mode": "full", "sizes": "pow2", "max_size": 64, "checks": "debug"},
-            started_at=now - 900, last_seen_at=now - 2, ended_at=None,
-        )
-        sizes = vllm_default_sizes(256)
-        cuda_graphs = _insert_graphs(conn, cuda_run, "cuda", sizes, ("full", "piecewise"),
-                                     captured_at=now - 3 * 3600 + 5, rng=rng)
-        eager_sizes = power_of_two_sizes(64)
-        eager_graphs = _insert_graphs(conn, eager_run, "eager", eager_sizes, ("full",),
-                                      captured_at=now - 890, rng=rng)
-        _insert_traffic(conn, cuda_run, cuda_graphs, sizes, start=now - 3 * 3600 + 60, end=now - 3600,
-                        window=30.0, rng=rng, mean_batch=120)
-        _insert_traffic(conn, eager_run, eager_graphs, eager_sizes, start=now - 860, end=now - 2,
-                        window=5.0, rng=rng, mean_batch=64)
-        drift = _insert_violation(
-            conn, eager_run, "address_drift", eager_graphs[("full", 64)], input_name="positions",
-            expected=0x7F3A2C000400, actual=0x7F3A2C9F0400, injected=True, count=12,
-            message="input 'positions' moved since capture: the graph reads stale memory",
-            first_seen_at=now - 600, last_seen_at=now - 30,
-        )
-        unexpected = _insert_violation(
-            conn, eager_run, "unexpected_capture", eager_graphs[("full", 32)], input_name=None,
-            expected=None, actual=None, injected=True, count=1,
-            message="capture of tokens=32 after start-up was locked (policy: serve eagerly)",
-            first_seen_at=now - 420, last_seen_at=now - 420,
-        )
-        hostile = _insert_violation(
-            conn, cuda_run, "address_drift", cuda_graphs[("full", 8)], input_name="kv_caches[1]",
-            expected=0x7F0000100000, actual=0x7F0000200000, injected=False, count=3,
-            message=HOSTILE_MESSAGE, first_seen_at=now - 2 * 3600, last_seen_at=now - 2 * 3600 + 40,
-        )
-        derive_totals(conn)
+    cuda = SampleRun(store, "llama-1b decode (H200)", host="gpu-node-07", device="NVIDIA H200",
+                     backend="cuda", started_at=now - 3 * 3600,
+                     config={"mode": "full_and_piecewise", "sizes": "vllm", "max_size": 256,
+                             "checks": "cheap"})
+    eager = SampleRun(store, "ci smoke (eager backend)", host="ci-runner-3", device="cpu", backend="eager",
+                      config={"mode": "full", "sizes": "pow2", "max_size": 64, "checks": "debug"},
+                      started_at=now - 900)
+    sizes, eager_sizes = vllm_default_sizes(256), power_of_two_sizes(64)
+    cuda.capture(_graphs("cuda", sizes, ("full", "piecewise"), captured_at=now - 3 * 3600 + 5, rng=rng))
+    eager.capture(_graphs("eager", eager_sizes, ("full",), captured_at=now - 890, rng=rng))
+    cuda_traffic = _traffic(cuda.captured, sizes, start=now - 3 * 3600 + 60, end=now - 3600, window=30.0,
+                            rng=rng, mean_batch=120)
+    eager_traffic = _traffic(eager.captured, eager_sizes, start=now - 860, end=now - 2, window=5.0, rng=rng,
+                             mean_batch=64)
+    cuda.flush_traffic(cuda_traffic)
+    eager.flush_traffic(eager_traffic)
+    drift = eager.violation(
+        "address_drift", ("full", 64), input_name="positions", expected=0x7F3A2C000400,
+        actual=0x7F3A2C9F0400, injected=True, count=12,
+        message="input 'positions' moved since capture: the graph reads stale memory",
+        first_seen_at=now - 600, last_seen_at=now - 30,
+    )
+    unexpected = eager.violation(
+        "unexpected_capture", ("full", 32), input_name=None, expected=None, actual=None, injected=True,
+        count=1, message="capture of tokens=32 after start-up was locked (policy: serve eagerly)",
+        first_seen_at=now - 420, last_seen_at=now - 420,
+    )
+    hostile = cuda.violation(
+        "address_drift", ("full", 8), input_name="kv_caches[1]", expected=0x7F0000100000,
+        actual=0x7F0000200000, injected=False, count=3, message=HOSTILE_MESSAGE,
+        first_seen_at=now - 2 * 3600, last_seen_at=now - 2 * 3600 + 40,
+    )
+    cuda.flush(now - 3600, ended=True)
+    eager.flush(now - 2)
     return {
-        "cuda_run": cuda_run,
-        "eager_run": eager_run,
-        "cuda_graph": cuda_graphs[("full", 8)],
-        "eager_graph": eager_graphs[("full", 64)],
+        "cuda_run": cuda.run_id,
+        "eager_run": eager.run_id,
+        "cuda_graph": cuda.graph_id(("full", 8)),
+        "eager_graph": eager.graph_id(("full", 64)),
         "drift": drift,
         "unexpected": unexpected,
         "hostile": hostile,
     }
 
 
-def touch_run(engine: Engine, run_id: int, at: float | None = None) -> None:
+@dataclass
+class SampleRun:
+    """One synthetic run, written the way its recorder would: a run row, then one flush per event."""
+
+    store: Store
+    label: str
+    host: str
+    device: str
+    backend: str
+    config: dict[str, Any]
+    started_at: float
+    captured: dict[tuple[str, int], CaptureEvent] = field(default_factory=dict)
+    writer: RunWriter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.writer = RunWriter(self.store, _run_info(self.label, self.host, self.device, self.config,
+                                                      self.started_at))
+        self.writer.create_run(self.started_at, self.backend)
+
+    @property
+    def run_id(self) -> int:
+        assert self.writer.run_id is not None
+        return self.writer.run_id
+
+    def flush(self, now: float, *, captures: list[CaptureEvent] | None = None,
+              traffic: TrafficWindow | None = None, violations: dict | None = None,
+              ended: bool = False) -> None:
+        """One flush of the run's recorder at ``now``: what is given, and the run seen then."""
+        batch = FlushBatch(captures or [], violations or {}, traffic or TrafficWindow(now, now),
+                           self.backend, dropped_events=0, ended_at=now if ended else None)
+        self.writer.write(batch, now)
+
+    def capture(self, events: list[CaptureEvent]) -> None:
+        self.captured.update({(e.mode.label, e.descriptor.captured_size): e for e in events})
+        self.flush(max(e.captured_at for e in events), captures=events)
+
+    def flush_traffic(self, windows: list[TrafficWindow]) -> None:
+        for window in windows:
+            self.flush(window.window_end, traffic=window)
+
+    def graph_id(self, graph: tuple[str, int]) -> int:
+        event = self.captured[graph]
+        return self.writer.graph_ids[graph_key(event.mode, event.descriptor)]
+
+    def violation(self, kind: str, graph: tuple[str, int], *, input_name: str | None, expected: int | None,
+                  actual: int | None, injected: bool, count: int, message: str, first_seen_at: float,
+                  last_seen_at: float) -> int:
+        captured = self.captured[graph]
+        event = ViolationEvent(kind=ViolationKind(kind), descriptor=captured.descriptor, mode=captured.mode,
+                               wrapper=captured.wrapper, message=message, input_name=input_name,
+                               expected_address=expected, actual_address=actual, stack=_stack(kind, message),
+                               injected=injected, seen_at=first_seen_at)
+        key = violation_key(event)
+        pending = PendingViolation(event, count, first_seen_at, last_seen_at)
+        self.flush(last_seen_at, violations={key: pending})
+        return self.writer.violation_ids[key]
+
+
+def touch_run(store: Store, run_id: int, at: float | None = None) -> None:
     """What a recorder's flush does to its run: ``last_seen_at`` moves to now, so the run is live."""
-    with engine.begin() as conn:
-        seen = time.time() if at is None else at
-        conn.execute(update(Run).where(Run.id == run_id).values(last_seen_at=seen))
+    with store.writer() as conn:
+        update_run(conn, run_id, time.time() if at is None else at)
+
+
+def flush_eager_batch(store: Store, run_id: int, num_real_tokens: int = 300) -> None:
+    """What a recorder's next flush writes after one more batch ran eagerly (above the largest size)."""
+    now = time.time()
+    window = TrafficWindow(now - 1.0, now, eager={(ABOVE_MAX, "full"): [1, num_real_tokens]},
+                           batch_sizes={num_real_tokens: 1})
+    with store.writer() as conn:
+        append_traffic(conn, run_id, [window], {}, KnownTotals.of_run(conn, run_id), now)
+        update_run(conn, run_id, now)
 
 
 def seed_bulk(
-    engine: Engine,
+    store: Store,
     *,
     now: float,
     graphs: int = 1_000,
@@ -110,72 +179,54 @@ def seed_bulk(
     chunk: int = 50_000,
 ) -> None:
     """A large database for the benchmark: ``graphs`` graphs over ``runs`` runs, ``windows`` replay
-    windows spread over them (plus a tenth as many eager and batch-size windows), ``violations``."""
+    windows spread over them (plus a tenth as many eager and batch-size windows), ``violations``.
+
+    Written through the write module in transactions of about ``chunk`` rows each."""
     sizes = vllm_default_sizes(512)
     per_run = -(-graphs // runs)
     span = 7 * 24 * 3600.0
-    with engine.begin() as conn:
-        run_ids = []
+    run_ids, events = [], []
+    with store.writer() as conn:
         for i in range(runs):
             start, end = now - span + i * span / runs, now - span + (i + 1) * span / runs
-            run_ids.append(_insert_run(
-                conn, label=f"bench run {i}", host=f"node-{i:02d}", device="NVIDIA H200", backend="cuda",
-                config={"mode": "full_and_piecewise"}, started_at=start, last_seen_at=end, ended_at=end,
-            ))
-        graph_rows = []
+            info = _run_info(f"bench run {i}", f"node-{i:02d}", "NVIDIA H200", {"mode": "full_and_piecewise"},
+                             start)
+            run_ids.append(insert_run(conn, info, end, "cuda"))
+            update_run(conn, run_ids[-1], end, ended_at=end)
         for n in range(graphs):
-            run_id = run_ids[n // per_run]
             mode = "full" if (n // len(sizes)) % 2 == 0 else "piecewise"
             size = sizes[n % len(sizes)]
-            graph_rows.append(
-                _graph_row(run_id, "cuda", mode, size, captured_at=now - span, pool_bytes=size * MIB)
-            )
-        conn.execute(insert(Graph), graph_rows)
-        keys = select(Graph.id, Graph.run_id, Graph.mode, Graph.captured_size, Graph.descriptor_key)
-        graph_keys = [tuple(row) for row in conn.execute(keys.order_by(Graph.id))]
-    for rows in _chunked(_bulk_windows(now, span, graph_keys, windows), chunk):
-        with engine.begin() as conn:
-            conn.execute(insert(ReplayWindow), rows)
-    for rows in _chunked(_bulk_eager(now, span, run_ids, windows // 10), chunk):
-        with engine.begin() as conn:
-            conn.execute(insert(EagerFallback), rows)
-    for rows in _chunked(_bulk_batch_sizes(now, span, run_ids, windows // 10), chunk):
-        with engine.begin() as conn:
-            conn.execute(insert(BatchSizeCount), rows)
-    for rows in _chunked(_bulk_violations(now, span, graph_keys, violations), chunk):
-        with engine.begin() as conn:
-            conn.execute(insert(Violation), rows)
-    with engine.begin() as conn:
-        derive_totals(conn)
+            events.append((run_ids[n // per_run], _capture("cuda", mode, size, captured_at=now - span,
+                                                           pool_bytes=size * MIB)))
+        by_run = {run_id: [e for r, e in events if r == run_id] for run_id in run_ids}
+        graph_ids = {run_id: insert_graphs(conn, run_id, captured) for run_id, captured in by_run.items()}
+    totals = {run_id: KnownTotals() for run_id in run_ids}
+    steps = max(1, windows // max(1, graphs))
+    per_chunk = max(1, chunk // per_run)
+    for run_id, captured in by_run.items():
+        for first in range(0, steps, per_chunk):
+            traffic = list(_bulk_windows(now, span, captured, first, min(per_chunk, steps - first), steps))
+            _append(store, run_id, traffic, graph_ids[run_id], totals[run_id], now)
+    for rows in _chunked(_bulk_eager_and_sizes(now, span, run_ids, windows // 10), chunk):
+        for run_id in run_ids:
+            _append(store, run_id, [w for r, w in rows if r == run_id], {}, totals[run_id], now)
+    for rows in _chunked(_bulk_violations(now, span, events, violations), chunk):
+        with store.writer() as conn:
+            for run_id in run_ids:
+                insert_violations(conn, run_id, {key: p for r, key, p in rows if r == run_id})
 
 
-def derive_totals(conn: Connection) -> None:
-    """Fill the running-totals tables from the windows, as the recorder keeps them while it writes."""
-    w, e = ReplayWindow, EagerFallback
-    key = (w.run_id, w.mode, w.captured_size, w.num_reqs, w.uniform, w.has_lora, w.num_active_loras,
-           w.descriptor_key)
-    conn.execute(insert(ReplayTotal).from_select(
-        [column.key for column in key]
-        + ["graph_id", "replays", "num_real_tokens", "padding_tokens", "updated_at"],
-        select(*key, func.max(w.graph_id), func.sum(w.replays), func.sum(w.num_real_tokens),
-               func.sum(w.padding_tokens), func.max(w.window_end)).group_by(*key),
-    ))
-    conn.execute(insert(EagerTotal).from_select(
-        ["run_id", "reason", "mode", "batches", "num_real_tokens", "updated_at"],
-        select(e.run_id, e.reason, e.mode, func.sum(e.batches), func.sum(e.num_real_tokens),
-               func.max(e.window_end))
-        .group_by(e.run_id, e.reason, e.mode),
-    ))
+def _append(store: Store, run_id: int, windows: list[TrafficWindow], graph_ids: dict, known: KnownTotals,
+            now: float) -> None:
+    if windows:
+        with store.writer() as conn:
+            created = append_traffic(conn, run_id, windows, graph_ids, known, now)
+        known.update(created)
 
 
-def _insert_run(conn: Connection, *, label: str, host: str, device: str, backend: str, config: dict[str, Any],
-                started_at: float, last_seen_at: float, ended_at: float | None) -> int:
-    return conn.execute(
-        insert(Run).returning(Run.id),
-        {"label": label, "host": host, "pid": 4242, "process": "python3 -m serve_llm --cuda-graphs",
-         "rank": 0, "world_size": 1, "device": device, "backend": backend, "config": json.dumps(config),
-         "started_at": started_at, "last_seen_at": last_seen_at, "ended_at": ended_at, "dropped_events": 0},
-    ).scalar_one()
+def _run_info(label: str, host: str, device: str, config: dict[str, Any], started_at: float) -> RunInfo:
+    return RunInfo(label=label, host=host, pid=4242, process="python3 -m serve_llm --cuda-graphs", rank=0,
+                   world_size=1, device=device, config=json.dumps(config), started_at=started_at)
 
 
 def _descriptor(mode: str, size: int) -> BatchDescriptor:
@@ -184,80 +235,64 @@ def _descriptor(mode: str, size: int) -> BatchDescriptor:
     return BatchDescriptor(size)
 
 
-def _graph_row(run_id: int, backend: str, mode: str, size: int, *, captured_at: float, pool_bytes: int,
-               rng: random.Random | None = None) -> dict[str, Any]:
-    descriptor = _descriptor(mode, size)
+def _capture(backend: str, mode: str, size: int, *, captured_at: float, pool_bytes: int,
+             rng: random.Random | None = None) -> CaptureEvent:
     base = 0x7F3A2C000000 + size * 0x1000
-    return {
-        "run_id": run_id, "mode": mode, "captured_size": size, "num_reqs": descriptor.num_reqs,
-        "uniform": descriptor.uniform, "has_lora": False, "num_active_loras": 0,
-        "descriptor_key": descriptor.key, "wrapper": "LlamaForCausalLM.forward", "backend": backend,
-        "input_names": json.dumps(INPUT_NAMES),
-        "input_addresses": json.dumps([base + i * 0x200000 for i in range(len(INPUT_NAMES))]),
-        "capture_seconds": 0.02 + size / 2000 + (rng.random() * 0.01 if rng else 0.0),
-        "pool_bytes": pool_bytes, "warmup_iters": 2,
-        "num_segments": 1 if mode == "full" else 17,
-        "num_ubatches": 2 if mode == "full" and size >= 128 else 1,
-        "ubatch_slices": json.dumps([[0, size // 2, 0, size // 2], [size // 2, size, size // 2, size]]
-                                    if mode == "full" and size >= 128 else []),
-        "unexpected": False, "captured_at": captured_at,
-    }
+    ubatched = mode == "full" and size >= 128
+    return CaptureEvent(
+        descriptor=_descriptor(mode, size), mode=MODES[mode], backend=backend,
+        wrapper="LlamaForCausalLM.forward",
+        input_names=INPUT_NAMES, input_addresses=tuple(base + i * 0x200000 for i in range(len(INPUT_NAMES))),
+        capture_seconds=0.02 + size / 2000 + (rng.random() * 0.01 if rng else 0.0), pool_bytes=pool_bytes,
+        warmup_iters=2, num_segments=1 if mode == "full" else 17, num_ubatches=2 if ubatched else 1,
+        ubatch_slices=((0, size // 2, 0, size // 2), (size // 2, size, size // 2, size)) if ubatched else (),
+        captured_at=captured_at,
+    )
 
 
-def _insert_graphs(conn: Connection, run_id: int, backend: str, sizes: list[int], modes: tuple[str, ...], *,
-                   captured_at: float, rng: random.Random) -> dict[tuple[str, int], int]:
+def _graphs(backend: str, sizes: list[int], modes: tuple[str, ...], *, captured_at: float,
+            rng: random.Random) -> list[CaptureEvent]:
     """Largest first, as the cache captures them: the first graph holds the pool, the rest reuse it."""
-    ids: dict[tuple[str, int], int] = {}
+    events: list[CaptureEvent] = []
     for mode in modes:
         # Piecewise graphs leave attention out, so each holds less of its own than a FULL graph.
         share = 1.0 if mode == "full" else 0.55
         for size in reversed(sizes):
-            first = not ids
+            first = not events
             pool = size * 1.5 * MIB if first else (0.25 + size / 64 + rng.random() * 0.5) * share * MIB
-            row = _graph_row(run_id, backend, mode, size, captured_at=captured_at, pool_bytes=int(pool),
-                             rng=rng)
-            ids[(mode, size)] = conn.execute(insert(Graph).returning(Graph.id), row).scalar_one()
-            captured_at += row["capture_seconds"]
-    return ids
+            event = _capture(backend, mode, size, captured_at=captured_at, pool_bytes=int(pool), rng=rng)
+            events.append(event)
+            captured_at += event.capture_seconds
+    return events
 
 
-def _insert_traffic(conn: Connection, run_id: int, graphs: dict[tuple[str, int], int], sizes: list[int], *,
-                    start: float, end: float, window: float, rng: random.Random, mean_batch: int) -> None:
+def _traffic(graphs: dict[tuple[str, int], CaptureEvent], sizes: list[int], *, start: float, end: float,
+             window: float, rng: random.Random, mean_batch: int) -> list[TrafficWindow]:
     """Continuous-batching traffic from the packaged Azure trace (40 steps a window); ``mean_batch``
     sets how fast the trace is replayed, and a few steps exceed the largest capture size."""
     table = SizeTable(sizes)
     steps = _trace_batch_sizes(int((end - start) / window) * 40 + 40, mean_batch, max(sizes) + 32, rng)
-    windows, eager, histogram = [], [], []
+    windows = []
     t = start
     while t < end:
-        batches = Counter(next(steps) for _ in range(40))
-        per_graph: dict[tuple[str, int], list[int]] = {}
-        for n, count in batches.items():
-            histogram.append({"run_id": run_id, "window_start": t, "num_real_tokens": n, "batches": count})
+        traffic = TrafficWindow(t, t + window)
+        for n, count in Counter(next(steps) for _ in range(40)).items():
+            traffic.batch_sizes[n] = count
             padded = table.pad(n)
             if padded is None:
-                eager.append({"run_id": run_id, "window_start": t, "window_end": t + window,
-                              "reason": "above_max_capture_size", "mode": "full", "batches": count,
-                              "num_real_tokens": n * count})
+                eager = traffic.eager.setdefault((ABOVE_MAX, "full"), [0, 0])
+                eager[0] += count
+                eager[1] += n * count
                 continue
             mode = "full" if rng.random() < 0.8 or ("piecewise", padded) not in graphs else "piecewise"
-            entry = per_graph.setdefault((mode, padded), [0, 0, 0])
-            entry[0] += count
-            entry[1] += n * count
-            entry[2] += (padded - n) * count
-        for (mode, size), (replays, real, pad) in per_graph.items():
-            descriptor = _descriptor(mode, size)
-            windows.append({
-                "run_id": run_id, "graph_id": graphs[(mode, size)], "mode": mode, "captured_size": size,
-                "num_reqs": descriptor.num_reqs, "uniform": descriptor.uniform, "has_lora": False,
-                "num_active_loras": 0, "descriptor_key": descriptor.key, "window_start": t,
-                "window_end": t + window, "replays": replays, "num_real_tokens": real, "padding_tokens": pad,
-            })
+            graph = graphs[(mode, padded)]
+            key = graph_key(graph.mode, graph.descriptor)
+            delta = traffic.replays.setdefault(key, ReplayDelta(graph.mode, graph.descriptor))
+            delta.replays += count
+            delta.num_real_tokens += n * count
+        windows.append(traffic)
         t += window
-    conn.execute(insert(ReplayWindow), windows)
-    if eager:
-        conn.execute(insert(EagerFallback), eager)
-    conn.execute(insert(BatchSizeCount), histogram)
+    return windows
 
 
 def _trace_batch_sizes(count: int, mean_batch: int, max_num_seqs: int, rng: random.Random) -> Iterator[int]:
@@ -270,21 +305,6 @@ def _trace_batch_sizes(count: int, mean_batch: int, max_num_seqs: int, rng: rand
     return iter(decode_batch_sizes(load_trace(), config, count))
 
 
-def _insert_violation(conn: Connection, run_id: int, kind: str, graph_id: int, *, input_name: str | None,
-                      expected: int | None, actual: int | None, injected: bool, count: int, message: str,
-                      first_seen_at: float, last_seen_at: float) -> int:
-    graph = conn.execute(Graph.__table__.select().where(Graph.id == graph_id)).one()
-    return conn.execute(
-        insert(Violation).returning(Violation.id),
-        {"run_id": run_id, "kind": kind, "mode": graph.mode, "captured_size": graph.captured_size,
-         "num_reqs": graph.num_reqs, "uniform": graph.uniform, "has_lora": False, "num_active_loras": 0,
-         "descriptor_key": graph.descriptor_key, "wrapper": graph.wrapper, "input_name": input_name,
-         "expected_address": expected, "actual_address": actual, "message": message,
-         "stack": _stack(kind, message), "injected": injected, "count": count,
-         "first_seen_at": first_seen_at, "last_seen_at": last_seen_at},
-    ).scalar_one()
-
-
 def _stack(kind: str, message: str) -> str:
     return (
         "Traceback (most recent call last):\n"
@@ -295,8 +315,8 @@ def _stack(kind: str, message: str) -> str:
     )
 
 
-def _chunked(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
-    chunk: list[dict[str, Any]] = []
+def _chunked(rows: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
     for row in rows:
         chunk.append(row)
         if len(chunk) == size:
@@ -306,45 +326,44 @@ def _chunked(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[st
         yield chunk
 
 
-def _bulk_windows(now: float, span: float, graphs: list[tuple[int, int, str, int, str]], count: int
-                  ) -> Iterator[dict[str, Any]]:
-    step = span / (count / len(graphs))
-    for i in range(count):
-        graph_id, run_id, mode, size, key = graphs[i % len(graphs)]
-        t = now - span + (i // len(graphs)) * step
-        real = size * (5 + i % 7)
-        yield {"run_id": run_id, "graph_id": graph_id, "mode": mode, "captured_size": size,
-               "num_reqs": size if mode == "full" else None, "uniform": mode == "full", "has_lora": False,
-               "num_active_loras": 0, "descriptor_key": key, "window_start": t, "window_end": t + step,
-               "replays": 10, "num_real_tokens": real, "padding_tokens": size * 10 - real}
+def _bulk_windows(now: float, span: float, events: list[CaptureEvent], first: int, count: int, steps: int
+                  ) -> Iterator[TrafficWindow]:
+    """Windows ``first`` .. ``first + count`` of one run's graphs: each graph replays 10 times a window."""
+    step = span / steps
+    keyed = [(graph_key(e.mode, e.descriptor), e.mode, e.descriptor) for e in events]
+    for i in range(first, first + count):
+        t = now - span + i * step
+        window = TrafficWindow(t, t + step)
+        for n, (key, mode, descriptor) in enumerate(keyed):
+            real = descriptor.captured_size * (5 + (i + n) % 7)
+            window.replays[key] = ReplayDelta(mode, descriptor, replays=10, num_real_tokens=real)
+        yield window
 
 
-def _bulk_eager(now: float, span: float, run_ids: list[int], count: int) -> Iterator[dict[str, Any]]:
-    reasons = ("above_max_capture_size", "no_graph_for_mixed_batch", "before_capture_phase")
+def _bulk_eager_and_sizes(now: float, span: float, run_ids: list[int], count: int
+                          ) -> Iterator[tuple[int, TrafficWindow]]:
+    """Eager-fallback windows and, apart, batch-size windows: ``count`` of each, spread over the runs."""
+    reasons = (ABOVE_MAX, EagerReason.NO_GRAPH_FOR_MIXED_BATCH.value, EagerReason.BEFORE_CAPTURE_PHASE.value)
     for i in range(count):
         t = now - span + i * span / count
-        yield {"run_id": run_ids[i % len(run_ids)], "window_start": t, "window_end": t + 1.0,
-               "reason": reasons[i % len(reasons)], "mode": "full", "batches": 1 + i % 3,
-               "num_real_tokens": 600}
+        run_id = run_ids[i % len(run_ids)]
+        yield run_id, TrafficWindow(t, t + 1.0, eager={(reasons[i % 3], "full"): [1 + i % 3, 600]})
+        yield run_id, TrafficWindow(t, t, batch_sizes={1 + (i * 37) % 600: 1 + i % 5})
 
 
-def _bulk_batch_sizes(now: float, span: float, run_ids: list[int], count: int) -> Iterator[dict[str, Any]]:
+def _bulk_violations(now: float, span: float, events: list[tuple[int, CaptureEvent]], count: int
+                     ) -> Iterator[tuple[int, tuple, PendingViolation]]:
+    """``count`` distinct findings: address drifts of the graphs' inputs, and unexpected captures of
+    sizes never captured (one finding each; a repeat would only bump a finding's count)."""
     for i in range(count):
-        yield {"run_id": run_ids[i % len(run_ids)], "window_start": now - span + i * span / count,
-               "num_real_tokens": 1 + (i * 37) % 600, "batches": 1 + i % 5}
-
-
-def _bulk_violations(now: float, span: float, graphs: list[tuple[int, int, str, int, str]], count: int
-                     ) -> Iterator[dict[str, Any]]:
-    for i in range(count):
-        _, run_id, mode, size, key = graphs[i % len(graphs)]
+        run_id, graph = events[i % len(events)]
         t = now - span + i * span / count
         drift = i % 4 != 0
-        yield {"run_id": run_id, "kind": "address_drift" if drift else "unexpected_capture", "mode": mode,
-               "captured_size": size, "num_reqs": size if mode == "full" else None, "uniform": mode == "full",
-               "has_lora": False, "num_active_loras": 0, "descriptor_key": key,
-               "wrapper": "LlamaForCausalLM.forward", "input_name": "positions" if drift else None,
-               "expected_address": 0x7F0000000000 + i if drift else None,
-               "actual_address": 0x7F1000000000 + i if drift else None,
-               "message": f"finding {i}", "stack": "", "injected": False, "count": 1 + i % 3,
-               "first_seen_at": t, "last_seen_at": t + 5}
+        event = ViolationEvent(
+            kind=ViolationKind.ADDRESS_DRIFT if drift else ViolationKind.UNEXPECTED_CAPTURE,
+            descriptor=graph.descriptor if drift else BatchDescriptor(1024 + i), mode=graph.mode,
+            wrapper=graph.wrapper, message=f"finding {i}", input_name="positions" if drift else None,
+            expected_address=0x7F0000000000 + i if drift else None,
+            actual_address=0x7F1000000000 + i if drift else None, seen_at=t,
+        )
+        yield run_id, violation_key(event), PendingViolation(event, 1 + i % 3, t, t + 5)

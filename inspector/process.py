@@ -1,0 +1,69 @@
+"""What a run row says about the process that records it: host, pid, command line, rank, device.
+
+The rank comes from torch.distributed when it is initialised, else from the launcher's environment;
+the device from torch when CUDA is up. torch is only looked at when the engine imported it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from inspector.writer import RunInfo
+
+
+def describe_process(
+    label: str,
+    config: dict[str, Any] | None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    device: str | None = None,
+) -> RunInfo:
+    """This process, as of now, for its run row (arguments given win over what is detected)."""
+    rank, world_size = detect_rank(rank, world_size)
+    return RunInfo(
+        label=label,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        process=" ".join(sys.argv) or sys.executable,
+        rank=rank,
+        world_size=world_size,
+        device=device or detect_device(),
+        config=json.dumps(config or {}, sort_keys=True, default=str),
+        started_at=time.time(),
+    )
+
+
+def detect_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The rank from torch.distributed when it is initialised, else $RANK/$WORLD_SIZE, else 0/1."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return (
+            dist.get_rank() if rank is None else rank,
+            dist.get_world_size() if world_size is None else world_size,
+        )
+    if rank is None:
+        rank = _int_env("RANK", 0)
+    if world_size is None:
+        world_size = _int_env("WORLD_SIZE", 1)
+    return rank, world_size
+
+
+def _int_env(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def detect_device() -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return "cpu"
