@@ -77,7 +77,8 @@ def check_run(payload: dict[str, Any], stdout: str, db: Path, nproc: int, backen
         assert {b for *_, b in runs} == {backend}
         for run_id, rank, _, _ in runs:
             ubatch_graphs = conn.execute(
-                "SELECT num_tokens FROM graphs WHERE run_id = ? AND num_ubatches = 2 ORDER BY num_tokens",
+                "SELECT captured_size FROM graphs WHERE run_id = ? AND num_ubatches = 2 "
+                "ORDER BY captured_size",
                 (run_id,),
             ).fetchall()
             assert ubatch_graphs, f"rank {rank} recorded no ubatch graph"

@@ -28,11 +28,11 @@ def test_the_recorder_stores_piecewise_graphs_with_segments_and_counts_their_rep
     engine = sa.create_engine(url)
     with engine.connect() as connection:
         graphs = connection.execute(
-            sa.select(Graph.mode, Graph.num_tokens, Graph.num_reqs, Graph.num_segments, Graph.wrapper)
+            sa.select(Graph.mode, Graph.captured_size, Graph.num_reqs, Graph.num_segments, Graph.wrapper)
         ).all()
         replays = connection.execute(
-            sa.select(ReplayWindow.mode, ReplayWindow.num_tokens, sa.func.sum(ReplayWindow.replays))
-            .group_by(ReplayWindow.mode, ReplayWindow.num_tokens)
+            sa.select(ReplayWindow.mode, ReplayWindow.captured_size, sa.func.sum(ReplayWindow.replays))
+            .group_by(ReplayWindow.mode, ReplayWindow.captured_size)
         ).all()
     engine.dispose()
     assert sorted(graphs) == sorted(

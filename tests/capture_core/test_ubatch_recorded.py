@@ -43,7 +43,7 @@ def test_ubatch_graph_and_its_eager_fallback_are_recorded(tmp_path: Path) -> Non
 
     with Session(create_engine(url)) as session:
         [graph] = session.scalars(select(Graph)).all()
-        assert (graph.num_tokens, graph.mode, graph.num_ubatches) == (8, "full", 2)
+        assert (graph.captured_size, graph.mode, graph.num_ubatches) == (8, "full", 2)
         assert json.loads(graph.ubatch_slices) == [[0, 4, 0, 4], [4, 8, 4, 8]]
         assert json.loads(graph.input_names) == ["input_ids", "positions", "slot_ids", "kv_cache"]
         [eager] = session.scalars(select(EagerTotal)).all()
