@@ -20,14 +20,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from playwright.sync_api import sync_playwright  # noqa: E402
-
 from inspector.store import open_store  # noqa: E402
+from tests.support.browser import chromium  # noqa: E402
 from tests.support.daemon import Daemon  # noqa: E402
 from tests.support.sample import seed_sample  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 PAGES = {"screenshot-overview.png": "", "screenshot-violations.png": "violations"}
 
 
@@ -44,14 +41,12 @@ def main() -> int:
             store = open_store(url, upgrade=True)
             seed_sample(store.engine, now=time.time())
             store.dispose()
-        with Daemon(url) as daemon, sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        with Daemon(url) as daemon, chromium() as browser:
             page = browser.new_page(viewport={"width": 1440, "height": 900}, device_scale_factor=1)
             for name, path in PAGES.items():
                 page.goto(daemon.url + path, wait_until="networkidle")
                 page.screenshot(path=str(args.out / name), full_page=True)
                 print(f"wrote {args.out / name}")
-            browser.close()
     return 0
 
 

@@ -16,13 +16,12 @@ from sqlalchemy import update
 
 from inspector.models import EagerTotal
 from inspector.store import Store, open_store
+from tests.support.browser import CHARTS_DRAWN, CHROMIUM, chromium
 from tests.support.daemon import Daemon
 from tests.support.sample import touch_run
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -65,14 +64,10 @@ def ids(seeded_template: tuple[Path, dict[str, int]]) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    if not Path(CHROMIUM).exists():
+    if not CHROMIUM.exists():
         pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (scripts/setup --dev installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as launched:
         yield launched
-        launched.close()
 
 
 class Visit:
@@ -94,15 +89,7 @@ class Visit:
 
     def charts_drawn(self) -> dict[str, bool]:
         """Per canvas: a Chart.js chart is attached and has painted non-transparent pixels."""
-        return self.page.evaluate(
-            """() => Object.fromEntries([...document.querySelectorAll("canvas")].map((canvas) => {
-                const chart = window.Chart && window.Chart.getChart(canvas);
-                const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
-                let painted = false;
-                for (let i = 3; i < pixels.length; i += 4) { if (pixels[i] !== 0) { painted = true; break; } }
-                return [canvas.id, Boolean(chart) && painted];
-            }))"""
-        )
+        return self.page.evaluate(CHARTS_DRAWN)
 
     def close(self) -> None:
         self.page.close()
