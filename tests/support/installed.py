@@ -86,7 +86,7 @@ class Installation:
         done = subprocess.run([str(self.venv / "bin" / "python"), "-c", code], cwd=program.cwd,
                               env=program.env, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
-            raise AssertionError(f"the install's python failed ({done.returncode}) on:\n{code}\n{done.stderr}")
+            raise AssertionError(f"the install's python failed ({done.returncode}):\n{code}\n{done.stderr}")
         return done.stdout
 
     @classmethod
