@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, terminate
 
 pytestmark = pytest.mark.prometheus
 
@@ -106,12 +106,7 @@ class Prometheus:
 
     def __exit__(self, *exc: object) -> None:
         assert self._process is not None
-        self._process.terminate()
-        try:
-            self._process.wait(15)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(15)
+        terminate(self._process)
 
     def api(self, path: str, **params: str) -> Any:
         url = f"http://{self.address}/api/v1/{path}?{urllib.parse.urlencode(params)}"

@@ -20,6 +20,18 @@ from tests.support.installed import Program
 URL_LINE = re.compile(r"graph-inspector dashboard: (http://\S+/)")
 
 
+def terminate(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop a child process: SIGTERM, then SIGKILL after ``grace`` seconds."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace)
+
+
 class DaemonError(RuntimeError):
     """The daemon exited or printed no URL in time; the message carries its output."""
 
@@ -67,14 +79,8 @@ class Daemon:
                 self._found.set()
 
     def stop(self) -> None:
-        if self._process is None or self._process.poll() is not None:
-            return
-        self._process.terminate()
-        try:
-            self._process.wait(10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(10)
+        if self._process is not None:
+            terminate(self._process)
 
     def __enter__(self) -> Daemon:
         return self.start()
