@@ -62,7 +62,7 @@ def test_the_wheel_carries_what_the_daemon_serves(installation: Installation) ->
     names = set(zipfile.ZipFile(installation.wheel).namelist())
     for folder in SERVED_FOLDERS:
         assert tracked(folder) and tracked(folder) <= names, f"{folder}: {sorted(tracked(folder) - names)}"
-    assert {"dashboard/vendor/chart.umd.js", "dashboard/vendor/chart.js-LICENSE.md",
+    assert {"dashboard/vendor/chart.umd.js", "dashboard/vendor/chart.js-LICENSE.md", "dashboard/openapi.json",
             "capture_core/reference/data/azure_conv_2023.csv", "migrations/env.py",
             "migrations/script.py.mako"} <= names
     assert not [n for n in names if "node_modules" in n or n.startswith(("tests/", "bench/", "scripts/"))]
