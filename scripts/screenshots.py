@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Regenerate docs/screenshot-overview.png and docs/screenshot-violations.png.
 
-Photographs a recorded database (the committed ones show `graph-inspector demo` on an H200:
-`--db sqlite:///demo-h200.db`), or, without `--db`, a fresh SQLite file seeded with the dashboard's
-sample (two runs, one live on the eager backend, injected faults). Starts `graph-inspector serve`
-on a free loopback port and photographs the pages in Debian's headless Chromium.
+Photographs a recorded database (`--db URL`), or, without `--db`, a fresh SQLite file seeded with
+the dashboard's sample (two runs, one live on the eager backend, injected faults). Starts
+`graph-inspector serve` on a free loopback port (the checkout's, or with GRAPH_INSPECTOR_INSTALL=DIR
+the wheel installed there by `python3 -m tests.support.installed DIR`) and photographs the pages in
+Debian's headless Chromium. The committed ones show the installed wheel's own demo:
 
-    python3 scripts/screenshots.py [--db URL] [--out docs]
+    python3 -m tests.support.installed /tmp/gi && cd /tmp/gi
+    venv/bin/graph-inspector demo --no-serve --db sqlite:////tmp/gi/demo.db; cd -
+    GRAPH_INSPECTOR_INSTALL=/tmp/gi python3 scripts/screenshots.py --db sqlite:////tmp/gi/demo.db
 """
 
 from __future__ import annotations
