@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 import urllib.request
 import zipfile
@@ -53,9 +52,10 @@ def demo_db(installation: Installation) -> str:
 
 
 def tracked(folder: str) -> set[str]:
-    listed = subprocess.run(["git", "ls-files", folder], cwd=REPO_ROOT, capture_output=True, text=True,
-                            check=True).stdout.split()
-    return {name for name in listed if not name.endswith("__init__.py")}
+    """The checkout's files under ``folder`` (relative names), less bytecode and ``__init__.py``."""
+    found = (path.relative_to(REPO_ROOT) for path in (REPO_ROOT / folder).rglob("*") if path.is_file())
+    return {str(path) for path in found
+            if "__pycache__" not in path.parts and path.name != "__init__.py"}
 
 
 def test_the_wheel_carries_what_the_daemon_serves(installation: Installation) -> None:
