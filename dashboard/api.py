@@ -1,14 +1,21 @@
-"""The JSON API: every page's twin under /api, each answer in the one envelope."""
+"""The JSON API: every page's twin under /api, each answer in the one envelope.
+
+``dashboard/openapi.json`` describes every route and field (served at /api/openapi.json);
+tests/dashboard/test_openapi.py checks the real answers against it.
+"""
 
 from __future__ import annotations
 
-from flask import Blueprint, Response
+from pathlib import Path
+
+from flask import Blueprint, Response, send_file
 from werkzeug.exceptions import NotFound
 
 from dashboard import envelope, resources
 from dashboard.resources import Resource
 
 bp = Blueprint("api", __name__, url_prefix="/api")
+OPENAPI = Path(__file__).resolve().parent / "openapi.json"
 
 
 def _answer(resource: Resource) -> Response:
@@ -60,9 +67,15 @@ def run(run_id: str) -> Response:
     return _answer(resources.run(run_id))
 
 
+@bp.get("/openapi.json")
+def openapi() -> Response:
+    """The OpenAPI 3.1 document of this API, as it is (a document, not an answer in the envelope)."""
+    return send_file(OPENAPI, mimetype="application/json")
+
+
 @bp.get("/<path:unknown>")
 def unknown_endpoint(unknown: str) -> Response:
     raise NotFound(
         f"no API endpoint /api/{unknown}; try /api/summary, /api/graphs, /api/violations, /api/compile "
-        "or /api/runs"
+        "or /api/runs (every route: /api/openapi.json)"
     )

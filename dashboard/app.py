@@ -84,25 +84,26 @@ def create_app(
 
 
 def health() -> Response:
-    """Open to all (no data): the database answers, its schema is at head, the charts can load."""
+    """Open to all (no data). Liveness: 200 while the process can read its database, with whatever
+    is degraded (a schema other than this version's head, a missing chart library) named in
+    ``data.degraded``; 503 only when the database cannot be read, so a probe restarts or pages for
+    that alone."""
     state: DashboardState = current_app.extensions[EXTENSION]
     checks: dict[str, Any] = {}
-    problems = []
+    degraded = []
     try:
         revision, head = state.store.current_revision(), schema.head_revision()
-        checks["database"] = "reachable"
-        checks["schema"] = {"revision": revision, "head": head}
-        if revision != head:
-            problems.append(f"the schema is at {revision}, not {head}: run `graph-inspector db upgrade`")
     except DatabaseError as error:
         checks["database"] = "unreachable"
-        problems.append(str(error))
+        return envelope.error(503, str(error), data=checks)
+    checks["database"] = "reachable"
+    checks["schema"] = {"revision": revision, "head": head}
+    if revision != head:
+        degraded.append(f"the schema is at {revision}, not {head}: run `graph-inspector db upgrade`")
     checks["chart_library"] = "present" if state.chart.present else "missing"
     if not state.chart.present:
-        problems.append(state.chart.missing_message)
-    if not problems:
-        return envelope.ok(checks)
-    return envelope.error(503, "; ".join(problems), data=checks)
+        degraded.append(state.chart.missing_message)
+    return envelope.ok({"status": "degraded" if degraded else "ok", **checks, "degraded": degraded})
 
 
 def _template_globals() -> dict[str, Any]:

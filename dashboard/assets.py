@@ -1,8 +1,11 @@
 """Static files under content-hashed URLs, and the chart library from npm.
 
-Chart.js is installed by ``npm ci`` in ``dashboard/assets`` (scripts/setup) and served from this
-process: no CDN, since GPU clusters are often offline. Its URL carries a hash of its content, and so
-do our own files' URLs, so that browsers may cache them forever and still see every upgrade.
+Chart.js comes from npm (pinned by ``dashboard/assets/package-lock.json``) and is served from this
+process: no CDN, since GPU clusters are often offline. A wheel carries it as
+``dashboard/vendor/chart.umd.js`` (put there by setup.py's build step); a checkout installed for
+development serves the ``npm ci`` of ``dashboard/assets`` (scripts/setup). Its URL carries a hash
+of its content, and so do our own files' URLs, so that browsers may cache them forever and still
+see every upgrade.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from pathlib import Path
 from flask import Blueprint, abort, current_app, send_file, url_for
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-CHART_JS = PACKAGE_DIR / "assets" / "node_modules" / "chart.js" / "dist" / "chart.umd.js"
+BUNDLED_CHART_JS = PACKAGE_DIR / "vendor" / "chart.umd.js"
+NPM_CHART_JS = PACKAGE_DIR / "assets" / "node_modules" / "chart.js" / "dist" / "chart.umd.js"
+CHART_JS = BUNDLED_CHART_JS if BUNDLED_CHART_JS.is_file() else NPM_CHART_JS
+"""The chart library this install serves: the wheel's copy, else a development checkout's npm folder."""
 STATIC_DIR = PACKAGE_DIR / "static"
 ONE_YEAR = 365 * 24 * 3600
 
@@ -39,8 +45,8 @@ class ChartLibrary:
     @property
     def missing_message(self) -> str:
         return (
-            f"the chart library is not installed ({self.path} is missing): run scripts/setup, "
-            "or `npm ci` in dashboard/assets"
+            f"the chart library is not installed ({self.path} is missing): in a checkout run "
+            "scripts/setup (or `npm ci` in dashboard/assets); a wheel built with npm carries it"
         )
 
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Regenerate docs/screenshot-overview.png and docs/screenshot-violations.png.
 
-Photographs a recorded database (the committed ones show `graph-inspector demo` on an H200:
-`--db sqlite:///demo-h200.db`), or, without `--db`, a fresh SQLite file seeded with the dashboard's
-sample (two runs, one live on the eager backend, injected faults). Starts `graph-inspector serve`
-on a free loopback port and photographs the pages in Debian's headless Chromium.
+Photographs a recorded database (`--db URL`), or, without `--db`, a fresh SQLite file seeded with
+the dashboard's sample (two runs, one live on the eager backend, injected faults). Starts
+`graph-inspector serve` on a free loopback port (the checkout's, or with GRAPH_INSPECTOR_INSTALL=DIR
+the wheel installed there by `python3 -m tests.support.installed DIR`) and photographs the pages in
+Debian's headless Chromium. The committed ones show the installed wheel's own demo:
 
-    python3 scripts/screenshots.py [--db URL] [--out docs]
+    python3 -m tests.support.installed /tmp/gi && cd /tmp/gi
+    venv/bin/graph-inspector demo --no-serve --db sqlite:////tmp/gi/demo.db; cd -
+    GRAPH_INSPECTOR_INSTALL=/tmp/gi python3 scripts/screenshots.py --db sqlite:////tmp/gi/demo.db
 """
 
 from __future__ import annotations
@@ -20,14 +23,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from playwright.sync_api import sync_playwright  # noqa: E402
-
 from inspector.store import open_store  # noqa: E402
+from tests.support.browser import chromium  # noqa: E402
 from tests.support.daemon import Daemon  # noqa: E402
 from tests.support.sample import seed_sample  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 PAGES = {"screenshot-overview.png": "", "screenshot-violations.png": "violations"}
 
 
@@ -44,14 +44,12 @@ def main() -> int:
             store = open_store(url, upgrade=True)
             seed_sample(store, now=time.time())
             store.dispose()
-        with Daemon(url) as daemon, sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        with Daemon(url) as daemon, chromium() as browser:
             page = browser.new_page(viewport={"width": 1440, "height": 900}, device_scale_factor=1)
             for name, path in PAGES.items():
                 page.goto(daemon.url + path, wait_until="networkidle")
                 page.screenshot(path=str(args.out / name), full_page=True)
                 print(f"wrote {args.out / name}")
-            browser.close()
     return 0
 
 

@@ -109,12 +109,22 @@
     return data;
   }
 
+  /* Lines hide their points, but a point with no neighbour to join (a single window, or one between
+   * two gaps) has no line either: draw it as a dot, or it would not show at all. */
+  function loneDotRadius(context) {
+    const data = context.dataset.data;
+    const y = (i) => { const d = data[i]; return (d !== null && typeof d === "object" ? d.y : d) ?? null; };
+    const i = context.dataIndex;
+    return y(i) !== null && y(i - 1) === null && y(i + 1) === null ? 3 : 0;
+  }
+
   function seriesConfig(s) {
     const points = s.charts.series;
     const span = points.length ? points[points.length - 1].t - points[0].t : 0;
+    const pad = points.length && span === 0 ? 30 : 0;  // one window: an axis a minute wide around it
     const line = (label, color, value) => ({
       label, data: withGaps(points, value), borderColor: color, backgroundColor: color,
-      pointRadius: 0, borderWidth: 2, spanGaps: false,
+      pointRadius: loneDotRadius, borderWidth: 2, spanGaps: false,
     });
     return {
       type: "line",
@@ -126,9 +136,10 @@
       },
       options: Object.assign(baseOptions(), {
         scales: { y: { min: 0, max: 100, ticks: { callback: (v) => v + " %" }, grid: { color: COLORS.grid } },
-                  x: { type: "linear", min: points.length ? points[0].t : undefined,
-                       max: points.length ? points[points.length - 1].t : undefined,
-                       ticks: { maxTicksLimit: 7, maxRotation: 0, precision: 0, callback: (v) => fmt.clock(v, span) },
+                  x: { type: "linear", min: points.length ? points[0].t - pad : undefined,
+                       max: points.length ? points[points.length - 1].t + pad : undefined,
+                       ticks: { maxTicksLimit: 7, maxRotation: 0, precision: 0, includeBounds: false,
+                                callback: (v) => fmt.clock(v, span || 2 * pad) },
                        grid: { display: false }, title: { display: true, text: "time (UTC)" } } },
         plugins: Object.assign(baseOptions().plugins, {
           tooltip: { callbacks: {
@@ -176,6 +187,7 @@
                            data: rows.map((r) => ({ x: r.num_real_tokens, y: r.batches })), barPercentage: 1, categoryPercentage: 1 }] },
       options: Object.assign(baseOptions(), {
         scales: { x: { type: "linear", min: 0, max: largest + 1, title: { display: true, text: "real tokens per batch (dashed: capture sizes)" },
+                       ticks: { includeBounds: false },  // no odd last tick (321) squeezed in beside 300
                        grid: { display: false } },
                   y: { beginAtZero: true, grid: { color: COLORS.grid }, title: { display: true, text: "batches" } } },
         plugins: Object.assign(baseOptions().plugins, { captureSizeLines: { sizes: sizes } }),
@@ -285,9 +297,10 @@
       data: {
         labels: history.map((w) => fmt.clock(w.start, span)),
         datasets: [
-          { label: "replays", data: history.map((w) => w.replays), backgroundColor: COLORS.replays, yAxisID: "y" },
+          // order 1: the bars are drawn first, under the waste line (a lone dot included)
+          { label: "replays", data: history.map((w) => w.replays), backgroundColor: COLORS.replays, yAxisID: "y", order: 1 },
           { label: "padding waste", type: "line", data: history.map((w) => (w.padding_waste === null ? null : w.padding_waste * 100)),
-            borderColor: COLORS.waste, backgroundColor: COLORS.waste, pointRadius: 0, borderWidth: 2, yAxisID: "waste" },
+            borderColor: COLORS.waste, backgroundColor: COLORS.waste, pointRadius: loneDotRadius, borderWidth: 2, yAxisID: "waste" },
         ],
       },
       options: Object.assign(baseOptions(), {

@@ -41,6 +41,12 @@ def run(args: argparse.Namespace) -> int:
         report = build_report(store, args.run)
     finally:
         store.dispose()
+    if not report.runs:
+        # A clean report of nothing would pass CI while the engine records somewhere else.
+        raise UsageError(
+            f"no runs recorded in {report.source}: nothing to report. Point --db (or $GRAPH_INSPECTOR_DB) "
+            "at the database your engine's Recorder writes"
+        )
     text = render(report, args.format)
     if args.output:
         path = Path(args.output)

@@ -4,6 +4,7 @@ never asks anything of a host other than the loopback daemon."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import threading
 from collections.abc import Iterator
@@ -11,15 +12,18 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import torch
 
+from capture_core import DecodeRunner, GraphRuntime
+from capture_core.reference import ModelConfig, ReferenceDecoder
+from inspector import Recorder
 from inspector.store import Store, open_store
+from tests.support.browser import CHARTS_DRAWN, CHROMIUM, chromium
 from tests.support.daemon import Daemon
 from tests.support.sample import flush_eager_batch
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -50,20 +54,31 @@ def _flush_like_a_recorder(store: Store, ids: dict[str, int], stop: threading.Ev
 
 
 @pytest.fixture(scope="module")
+def one_window(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon on one ended run that recorded a single window: one decode step of 3 tokens through
+    graphs of 1, 2, 4 and 8 tokens, so the graph of 4 replayed once and the others never did."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('one-window') / 'inspector.db'}"
+    with Recorder(url, label="one step", flush_interval=600) as recorder:
+        runtime = GraphRuntime("eager", observer=recorder, progress=False)
+        runner = DecodeRunner(ReferenceDecoder(ModelConfig.tiny(max_num_seqs=8, max_seq_len=32)), runtime,
+                              sizes=[1, 2, 4, 8])
+        runner.capture()
+        runner.step(torch.tensor([17, 42, 7]), torch.zeros(3, dtype=torch.long), torch.tensor([0, 3, 5]))
+    with Daemon(url) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
 def ids(seeded_template: tuple[Path, dict[str, int]]) -> dict[str, int]:
     return seeded_template[1]
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    if not Path(CHROMIUM).exists():
+    if not CHROMIUM.exists():
         pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (scripts/setup --dev installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as launched:
         yield launched
-        launched.close()
 
 
 class Visit:
@@ -85,15 +100,7 @@ class Visit:
 
     def charts_drawn(self) -> dict[str, bool]:
         """Per canvas: a Chart.js chart is attached and has painted non-transparent pixels."""
-        return self.page.evaluate(
-            """() => Object.fromEntries([...document.querySelectorAll("canvas")].map((canvas) => {
-                const chart = window.Chart && window.Chart.getChart(canvas);
-                const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
-                let painted = false;
-                for (let i = 3; i < pixels.length; i += 4) { if (pixels[i] !== 0) { painted = true; break; } }
-                return [canvas.id, Boolean(chart) && painted];
-            }))"""
-        )
+        return self.page.evaluate(CHARTS_DRAWN)
 
     def close(self) -> None:
         self.page.close()
@@ -200,3 +207,87 @@ def test_json_twins_and_health_answer_over_the_real_server(visit: Visit) -> None
         assert body["ok"] is True, (path, body)
     metrics = visit.page.request.get(visit.daemon.url + "metrics")
     assert metrics.status == 200 and "# TYPE" in metrics.text()
+
+
+AXIS_TICKS = """() => Object.fromEntries([...document.querySelectorAll("canvas")].map((canvas) => {
+    const chart = window.Chart.getChart(canvas), ctx = chart.ctx;
+    const scale = Object.values(chart.scales).find((s) => s.isHorizontal());
+    ctx.save();
+    ctx.font = window.Chart.helpers.toFont(scale.options.ticks.font).string;
+    const ticks = scale.ticks.map((tick, i) => {
+        const width = ctx.measureText(String(tick.label)).width, x = scale.getPixelForTick(i);
+        return { value: tick.value, left: x - width / 2, right: x + width / 2 };
+    });
+    ctx.restore();
+    return [canvas.id, { type: scale.type, ticks }];
+}))"""
+
+
+def test_overview_axes_tick_evenly_and_no_labels_collide(visit: Visit) -> None:
+    visit.open("/")
+    for chart, axis in visit.page.evaluate(AXIS_TICKS).items():
+        ticks = axis["ticks"]
+        assert len(ticks) >= 2, chart
+        gaps = [b["left"] - a["right"] for a, b in itertools.pairwise(ticks)]
+        assert min(gaps) >= 4, f"{chart}: tick labels collide: {ticks}"
+        if axis["type"] == "linear":
+            steps = {round(b["value"] - a["value"], 6) for a, b in itertools.pairwise(ticks)}
+            assert len(steps) == 1, f"{chart}: an odd tick among even ones: {[t['value'] for t in ticks]}"
+
+
+LONE_POINT = """(id) => {
+    const chart = window.Chart.getChart(document.getElementById(id));
+    return chart.data.datasets.map((dataset, d) => {
+        const drawn = chart.getDatasetMeta(d).data.filter((point, i) => {
+            const value = dataset.data[i];
+            return (value !== null && typeof value === "object" ? value.y : value) !== null;
+        });
+        const ratio = chart.currentDevicePixelRatio;
+        return drawn.map((point) => {
+            const x = Math.round(point.x * ratio), y = Math.round(point.y * ratio);
+            const pixel = [...chart.ctx.getImageData(x, y, 1, 1).data];
+            return { radius: point.options.radius, pixel, color: dataset.borderColor };
+        });
+    });
+}"""
+
+
+def assert_one_dot_per_line(visit: Visit, canvas: str, lines: int) -> None:
+    """Each line dataset of ``canvas`` has exactly one point, and it is drawn in the line's colour."""
+    datasets = visit.page.evaluate(LONE_POINT, canvas)
+    assert len(datasets) >= lines
+    for points in datasets[-lines:]:
+        [point] = points
+        red, green, blue = (int(point["color"][i:i + 2], 16) for i in (1, 3, 5))
+        assert point["radius"] > 0 and point["pixel"][3] > 128, point  # a dot, painted (anti-aliased)
+        assert max(abs(a - b) for a, b in zip(point["pixel"], (red, green, blue), strict=False)) < 80, point
+
+
+def test_a_one_window_series_draws_its_points(browser: object, one_window: Daemon) -> None:
+    visit = Visit(browser, one_window)
+    try:
+        page = visit.open("/?run=1")
+        assert page.evaluate("() => JSON.parse(document.getElementById('summary-data').textContent)"
+                             ".charts.series.length") == 1
+        assert_one_dot_per_line(visit, "chart-series", lines=2)
+    finally:
+        visit.close()
+
+
+def test_an_ended_runs_graph_pages_say_what_happened(browser: object, one_window: Daemon) -> None:
+    visit = Visit(browser, one_window)
+    try:
+        graphs = visit.page.request.get(one_window.url + "api/graphs?run=1").json()["data"]["items"]
+        replayed = {g["traffic"]["replays"] > 0: g["id"] for g in graphs}
+        page = visit.open(f"/graphs/{replayed[False]}")
+        heading = page.locator("h2", has_text="Replay history").inner_text()
+        assert heading == "Replay history"
+        assert page.locator(".chart-empty").inner_text() == (
+            "Never replayed: run #1 ended without a batch for this graph."
+        )
+        page = visit.open(f"/graphs/{replayed[True]}")
+        assert page.locator("h2", has_text="Replay history").inner_text() == "Replay history (last 1 window)"
+        assert page.locator(".chart-empty").count() == 0
+        assert_one_dot_per_line(visit, "chart-history", lines=1)
+    finally:
+        visit.close()

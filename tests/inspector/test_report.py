@@ -170,6 +170,15 @@ def test_report_command_errors_are_clear_and_exit_2(tmp_path: Path, args: list[s
     assert "Traceback" not in result.stderr
 
 
+def test_report_on_a_database_with_no_runs_exits_2(tmp_path: Path) -> None:
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert _cli("db", "upgrade", "--db", empty).returncode == 0
+    result = _cli("report", "--db", empty, "--format", "junit", "--output", str(tmp_path / "r.xml"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"no runs recorded in {empty}: nothing to report" in result.stderr
+    assert "OK" not in result.stdout + result.stderr and not (tmp_path / "r.xml").exists()
+
+
 def test_report_usage_error_exits_2() -> None:
     result = _cli("report", "--format", "yaml")
     assert result.returncode == 2 and "invalid choice" in result.stderr

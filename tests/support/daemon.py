@@ -2,23 +2,34 @@
 screenshots script and the benchmark, which all want the real daemon, not an in-process app.
 
 The daemon binds port 0 (a free port, no race between picking and binding) and prints its URL;
-everything it prints is kept, so a failing test can show the server's side of the story.
+everything it prints is kept, so a failing test can show the server's side of the story. It is the
+checkout's daemon, or the wheel's install under $GRAPH_INSPECTOR_INSTALL (``tests.support.installed``).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from types import TracebackType
 
+from tests.support.installed import Program
+
 URL_LINE = re.compile(r"graph-inspector dashboard: (http://\S+/)")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def terminate(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop a child process: SIGTERM, then SIGKILL after ``grace`` seconds."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace)
 
 
 class DaemonError(RuntimeError):
@@ -29,10 +40,10 @@ class Daemon:
     """``with Daemon(db_url) as daemon: daemon.url`` -- a served dashboard, stopped on exit."""
 
     def __init__(self, db_url: str, *, extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
-                 start_timeout: float = 60.0) -> None:
-        self.command = [sys.executable, "-m", "dashboard.cli", "serve", "--db", db_url, "--port", "0",
-                        *extra_args]
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+                 start_timeout: float = 60.0, program: Program | None = None) -> None:
+        self.program = program or Program.under_test()
+        self.command = [*self.program.argv, "serve", "--db", db_url, "--port", "0", *extra_args]
+        self.env = {**self.program.env, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.start_timeout = start_timeout
         self.url = ""
         self._lines: list[str] = []
@@ -46,8 +57,8 @@ class Daemon:
 
     def start(self) -> Daemon:
         self._process = subprocess.Popen(
-            self.command, cwd=REPO_ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, bufsize=1,
+            self.command, cwd=self.program.cwd, env=self.env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1,
         )
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + self.start_timeout
@@ -68,14 +79,8 @@ class Daemon:
                 self._found.set()
 
     def stop(self) -> None:
-        if self._process is None or self._process.poll() is not None:
-            return
-        self._process.terminate()
-        try:
-            self._process.wait(10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(10)
+        if self._process is not None:
+            terminate(self._process)
 
     def __enter__(self) -> Daemon:
         return self.start()
