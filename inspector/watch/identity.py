@@ -95,12 +95,67 @@ class CallSite:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchShape:
+    """Batch size, tokens per sequence and cache length, where a graph's inputs show them.
+
+    Read from the tensors the compiled function was called with: the first 2-D integer tensor is
+    token ids (batch x sequence; transformers' ``input_ids``), else the first tensor's leading size
+    is the batch; the cache length is the third size of the 4-D floating tensors of that batch among
+    all inputs (a KV cache laid out batch x heads x length x head size, as transformers' static
+    cache is).
+    """
+
+    batch: int
+    seq: int | None = None
+    cache: int | None = None
+
+    @classmethod
+    def of(cls, user: Iterable[torch.Tensor], graph: Iterable[torch.Tensor] = ()) -> BatchShape | None:
+        user = list(user)
+        ids = next((t for t in user if t.dim() == 2 and _is_integer(t)), None)
+        if ids is not None:
+            batch, seq = int(ids.shape[0]), int(ids.shape[1])
+        else:
+            first = next((t for t in user if t.dim() >= 1), None)
+            if first is None:
+                return None
+            batch, seq = int(first.shape[0]), None
+        if batch < 1:
+            return None
+        lengths = [
+            int(t.shape[2])
+            for t in (*user, *graph)
+            if t.dim() == 4 and t.is_floating_point() and int(t.shape[0]) == batch
+        ]
+        return cls(batch, seq, max(lengths) if lengths else None)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.batch * (self.seq or 1)
+
+    @property
+    def text(self) -> str:
+        parts = [f"batch {self.batch}"]
+        if self.seq is not None:
+            parts.append(f"seq {self.seq}")
+        if self.cache is not None:
+            parts.append(f"cache {self.cache}")
+        return " · ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
 class GraphIdentity:
-    """A call site, the shapes it was called with, and a label for torch's own multi-graph captures."""
+    """A call site, the shapes it was called with, and a label for torch's own multi-graph captures.
+
+    ``batch`` is set for graphs of a compiled function (torch.compile's trees): the key then reads
+    as the function and its batch ("LlamaForCausalLM.forward batch 8 · seq 1 · cache 64 #..."), and
+    the descriptor carries the batch as ``num_reqs`` and batch x sequence as ``num_tokens``.
+    """
 
     site: CallSite
     shapes: tuple[tuple[int, ...], ...]
     label: str = ""
+    batch: BatchShape | None = None
 
     @property
     def shapes_text(self) -> str:
@@ -114,21 +169,31 @@ class GraphIdentity:
     def key(self) -> str:
         """Stable, unique and at most 128 characters: readable head, digest of everything."""
         tail = f" #{digest(f'{self.site.stable}|{self.shapes}|{self.label}')}"
-        head = f"{self.site.short} {self.shapes_text}"
+        if self.batch is not None:
+            head = f"{self.site.function} {self.batch.text}"
+        else:
+            head = f"{self.site.short} {self.shapes_text}"
         if self.label:
             head += f" {self.label}"
         return _clip(head, KEY_LIMIT - len(tail)) + tail
 
     @property
     def num_tokens(self) -> int:
-        """The leading dimension of the first input, where inputs were seen (else 1)."""
+        """batch x sequence where known, else the leading dimension of the first input (else 1)."""
+        if self.batch is not None:
+            return self.batch.num_tokens
         for shape in self.shapes:
             if shape:
                 return max(int(shape[0]), 1)
         return 1
 
     def descriptor(self) -> WatchedDescriptor:
-        return WatchedDescriptor(num_tokens=self.num_tokens, identity=self.key)
+        batch = self.batch
+        if batch is None:
+            return WatchedDescriptor(num_tokens=self.num_tokens, identity=self.key)
+        return WatchedDescriptor(
+            num_tokens=self.num_tokens, num_reqs=batch.batch, uniform=batch.seq == 1, identity=self.key
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +236,13 @@ def find_call_site(frames: list[types.FrameType]) -> CallSite:
         return CallSite("<unknown>", 0, "<unknown>")
     capturer = frames[0]
     for frame in frames:
-        if not _in_torch(frame):
+        if not in_torch(frame):
             via = "" if frame is capturer else _torch_function_name(capturer)
             return CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, via)
     return CallSite(capturer.f_code.co_filename, capturer.f_lineno, capturer.f_code.co_name)
 
 
-def find_inputs(frames: list[types.FrameType]) -> CapturedInputs:
+def find_inputs(frames: list[types.FrameType]) -> list[tuple[str, torch.Tensor]]:
     """Tensor arguments of the nearest capturing frame that has any, up to the engine's own frame.
 
     torch.compile's recorder is called with the graph's inputs; vLLM-style wrappers with the
@@ -185,12 +250,12 @@ def find_inputs(frames: list[types.FrameType]) -> CapturedInputs:
     pre-hook in ``hooks`` (what the first module was called with) and ``find_local_inputs``.
     """
     for frame in frames:
-        named = list(_tensor_arguments(frame))
+        named = list(tensor_arguments(frame))
         if named:
-            return CapturedInputs.from_named(named)
-        if not _in_torch(frame):
+            return named
+        if not in_torch(frame):
             break
-    return CapturedInputs()
+    return []
 
 
 def find_local_inputs(frames: list[types.FrameType]) -> CapturedInputs:
@@ -198,7 +263,7 @@ def find_local_inputs(frames: list[types.FrameType]) -> CapturedInputs:
     runners slice their static buffers into locals and call ``forward`` directly (no module hook
     fires). A guess, so the last resort; module-level code has no locals of its own to look at."""
     for frame in frames:
-        if not _in_torch(frame):
+        if not in_torch(frame):
             if frame.f_code.co_flags & 0x02:  # CO_NEWLOCALS: a function, not module-level code
                 return CapturedInputs.from_named(_tensor_locals(frame))
             break
@@ -231,7 +296,7 @@ def format_stack(frames: list[types.FrameType], limit: int = 40) -> str:
     return "".join(lines)
 
 
-def _tensor_arguments(frame: types.FrameType) -> Iterator[tuple[str, torch.Tensor]]:
+def tensor_arguments(frame: types.FrameType) -> Iterator[tuple[str, torch.Tensor]]:
     code = frame.f_code
     count = code.co_argcount + code.co_kwonlyargcount
     varargs = bool(code.co_flags & 0x04)  # CO_VARARGS
@@ -265,7 +330,7 @@ def _is_plumbing(frame: types.FrameType) -> bool:
     return filename == _GRAPHS_PY and frame.f_code.co_name in ("__enter__", "__exit__")
 
 
-def _in_torch(frame: types.FrameType) -> bool:
+def in_torch(frame: types.FrameType) -> bool:
     """torch's own code, and the code torch generates: FX graph modules (``<eval_with_key>.N``) and
     Inductor's compiled modules, written as .py files under its cache directory."""
     filename = frame.f_code.co_filename
@@ -294,6 +359,10 @@ def _display_path(filename: str) -> str:
     if marker in filename:
         return filename.split(marker, 1)[1]
     return filename
+
+
+def _is_integer(tensor: torch.Tensor) -> bool:
+    return not tensor.is_floating_point() and not tensor.is_complex() and tensor.dtype is not torch.bool
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:

@@ -4,9 +4,11 @@ The hooks (``hooks.py``) see raw capture and replay calls; the ``Watcher`` turns
 inspector's events: a ``CaptureEvent`` per graph (keyed by a ``WatchedDescriptor`` that carries the
 graph's identity), a replay per ``replay()``, and violations for unexpected captures (after
 ``mark_ready()`` or after N replays with no new capture) and re-recording storms (a call site that
-keeps capturing once its graphs are in use). torch.compile's skips and re-records arrive as
+keeps capturing once its graphs are in use). torch.compile's skips (from its log line) and
+re-records (read off the cudagraph trees' frames at the capture, see ``trees.py``) are
 ``CompileEvent``s. Everything goes to one sink: a ``GraphObserver`` such as the inspector's Recorder,
-which may also take compile events. A failing sink never breaks the engine: errors are counted.
+which may also take compile events. A failing sink never breaks the engine, and neither does a
+failure in the watch's own code: both are caught, counted and said once.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from inspector.watch.identity import (
     format_stack,
 )
 from inspector.watch.pools import PoolId, PoolMeter, allocator_pool_bytes
+from inspector.watch.trees import TreeCapture, tree_capture
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,9 @@ class WatchedGraph:
     """How many captures of the same code and shapes came before this one (0: the first)."""
     mode: CUDAGraphMode = CUDAGraphMode.FULL
     """The runtime mode its capture, violations and replays are recorded under."""
+    function: str = ""
+    """The function whose graph this is: the compiled function for torch.compile's graphs (one
+    ``wrapper`` per function, which the graphs page groups by), else the capturing code's function."""
     replays: int = 0
     on_replay: Callable[[CUDAGraphMode, BatchDescriptor, int], None] | None = None
     """The sink's per-replay call, bound once the capture was sent; None for sinks that read
@@ -113,6 +119,8 @@ class PendingCapture:
     local_inputs: CapturedInputs = field(default_factory=CapturedInputs)
     module_hook: object = None
     """The removable handle of the module pre-hook that looks for inputs when no frame showed any."""
+    tree: TreeCapture | None = None
+    """What torch.compile's cudagraph trees knew of this capture, when they made it."""
 
 
 @dataclass
@@ -145,11 +153,15 @@ class Watcher:
         self.graphs: list[WatchedGraph] = []
         self.ready_reason = ""
         self.sink_errors = 0
+        self.watch_errors = 0
+        """Failures inside the watch's own hooks, caught before they reached the program."""
         self.compile_events: list[CompileEvent] = []
         self._lock = threading.Lock()
         self._sites: dict[str, _SiteHistory] = {}
         self._identity_counts: dict[str, int] = {}
         self._replays_at_last_capture = 0
+        self._pool_marks: dict[PoolId, int] = {}
+        """Reserved bytes of each pool right after the last watched capture into it."""
 
     @property
     def ready(self) -> bool:
@@ -185,8 +197,14 @@ class Watcher:
                 if quiet >= self.ready_after:
                     self.ready_reason = f"{quiet} replays and no new capture (ready_after={self.ready_after})"
             unexpected_reason = self.ready_reason
+        tree = None
         if inputs is None:
-            inputs = find_inputs(frames)
+            named = find_inputs(frames)
+            inputs = CapturedInputs.from_named(named)
+            tree = self._read_trees(frames, [tensor for _, tensor in named])
+        if tree is not None:
+            site = site or tree.site
+            label = label or ("pool keep-alive" if tree.keeps_pool_alive else "")
         return PendingCapture(
             site=site or find_call_site(frames),
             inputs=inputs,
@@ -194,20 +212,35 @@ class Watcher:
             label=label,
             stack=format_stack(frames) if unexpected_reason else "",
             pool_arg=pool_arg,
-            pool_bytes_before=self._measure(pool_arg),
+            pool_bytes_before=self._pool_mark(pool_arg),
             unexpected_reason=unexpected_reason,
             started=time.perf_counter(),
             started_at=time.time(),
+            tree=tree,
         )
+
+    def _read_trees(self, frames: list[types.FrameType], graph_inputs: list) -> TreeCapture | None:
+        try:
+            return tree_capture(frames, graph_inputs)
+        except Exception:  # torch's frames read defensively: the capture goes on without them
+            self.contained_error("reading torch.compile's cudagraph trees")
+            return None
 
     def capture_finished(self, pending: PendingCapture, pool: PoolId | None) -> WatchedGraph:
         """Called after the engine's ``capture_end``: build the graph's record and send it."""
         seconds = time.perf_counter() - pending.started
         pool = pool or pending.pool_arg
+        # A graph holds what its pool grew by since the pool's last capture: the capture itself
+        # and, for torch.compile's trees, whose warm-up runs inside the pool, the warm-up's segments.
+        # A graph in a new private pool starts from nothing.
         before = pending.pool_bytes_before if pool == pending.pool_arg else 0
-        pool_bytes = max(self._measure(pool) - before, 0)
+        after = self._measure(pool)
+        pool_bytes = max(after - before, 0)
         inputs = pending.inputs or pending.module_inputs or pending.local_inputs
+        tree = pending.tree
         with self._lock:
+            if pool is not None:
+                self._pool_marks[pool] = after
             # The same code and shapes captured again gets the next ordinal: vLLM's piecewise
             # wrapper captures every layer slice from one line with one shape, and torch's own
             # captures repeat in a fixed order, so ordinals keep identities apart and stable.
@@ -215,7 +248,7 @@ class Watcher:
             repeat = self._identity_counts.get(base.key, 0)
             self._identity_counts[base.key] = repeat + 1
             label = f"{pending.label} capture {repeat + 1}".strip() if repeat else pending.label
-            identity = GraphIdentity(pending.site, inputs.shapes, label)
+            identity = GraphIdentity(pending.site, inputs.shapes, label, tree.shape if tree else None)
             history = self._sites.setdefault(identity.site.key, _SiteHistory())
             in_use = any(graph.replays for graph in history.graphs)
             graph = WatchedGraph(
@@ -228,6 +261,7 @@ class Watcher:
                 captured_at=pending.started_at,
                 unexpected=bool(pending.unexpected_reason),
                 repeat=repeat,
+                function=(tree.function if tree else "") or pending.site.function,
             )
             history.graphs.append(graph)
             self.graphs.append(graph)
@@ -241,6 +275,8 @@ class Watcher:
             self._send_unexpected(graph, pending)
         if storm >= self.storm_threshold:
             self._send_storm(graph, storm)
+        if tree is not None and tree.rerecord is not None:
+            self._send_rerecord(graph, tree)
         return graph
 
     def _late_capture_count(self, history: _SiteHistory, now: float) -> int:
@@ -250,14 +286,30 @@ class Watcher:
             late.popleft()
         return len(late)
 
+    def _pool_mark(self, pool: PoolId | None) -> int:
+        """The pool's reserved bytes as the last capture into it left them, else measured now."""
+        with self._lock:
+            mark = self._pool_marks.get(pool) if pool is not None else None
+        return self._measure(pool) if mark is None else mark
+
     def _measure(self, pool: PoolId | None) -> int:
         if pool is None:
             return 0
         try:
             return int(self.pool_meter(pool))
         except Exception:  # a meter failure must not fail the engine's capture
-            log.debug("pool meter failed for pool %s", pool, exc_info=True)
+            self.contained_error("measuring a graph pool")
             return 0
+
+    def contained_error(self, doing: str) -> None:
+        """A failure inside the watch's own code, caught where it happened: counted, said once."""
+        self.watch_errors += 1
+        if self.watch_errors == 1:
+            log.warning(
+                "graph-inspector watch: an error while %s was contained; the program goes on",
+                doing,
+                exc_info=True,
+            )
 
     # -- records ---------------------------------------------------------------------------------
 
@@ -309,6 +361,23 @@ class Watcher:
             seen_at=graph.captured_at,
         )
         self._deliver(self.observer.on_violation, event)
+
+    def _send_rerecord(self, graph: WatchedGraph, tree: TreeCapture) -> None:
+        rerecord = tree.rerecord
+        assert rerecord is not None
+        where = f"[{rerecord.compile_id}] " if rerecord.compile_id else ""
+        shape = f" ({graph.identity.batch.text})" if graph.identity.batch else ""
+        detail = f"; {rerecord.detail}" if rerecord.detail else ""
+        message = f"{where}torch.compile re-recorded {graph.function}{shape}: {rerecord.reason}{detail}"
+        self.compile_event(
+            CompileEvent(
+                kind=CompileEventKind.RERECORD,
+                reason=rerecord.reason,
+                message=message,
+                function=graph.function,
+                seen_at=graph.captured_at,
+            )
+        )
 
     def compile_event(self, event: CompileEvent) -> None:
         """A skip or re-record reported by torch.compile's cudagraph trees.

@@ -6,6 +6,7 @@ each test gets its own copy.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -18,35 +19,42 @@ from flask.testing import FlaskClient
 
 from dashboard.app import create_app
 from inspector.store import Store, open_store
-from inspector.watch.compile_log import SKIP_LOGGER, TREES_LOGGER, compile_event_from_record
+from inspector.watch.compile_log import SKIP_LOGGER, compile_event_from_record
+from inspector.watch.watcher import CompileEvent, CompileEventKind
 from inspector.writer import record_compile_event
 from tests.support.sample import seed_sample
 
-COMPILE_LOG = [
-    # (logger, template, args, times heard): torch.compile's own log lines, as the watch hears them.
-    (SKIP_LOGGER, "skipping cudagraphs due to mutated inputs (1 instances). Found from : model.py:362",
-     (), 9),
-    (TREES_LOGGER, "[%s] Re-recording function=%s, mode=%s, reason=%s",
-     ("0/0", "forward", "INFERENCE", "static input data pointer changed.\ninput name: L_kv_cache_"), 4),
-    (TREES_LOGGER, "[%s] Re-recording function=%s, mode=%s, reason=%s",
-     ("1/0", "decode_step", "INFERENCE", "<script>window.__pwned = 3</script> changed"), 1),
+COMPILE_SKIPS = [
+    # (template, times heard): torch.compile's own skip line, as the watch hears it.
+    ("skipping cudagraphs due to mutated inputs (1 instances). Found from : model.py:362", 9),
+]
+COMPILE_RERECORDS = [
+    # (function, reason, message, times): re-records, as the watch reads them off the trees' frames.
+    ("forward", "static input data pointer changed",
+     "[0/0] torch.compile re-recorded forward: static input data pointer changed; "
+     "inputs whose address changed: L_kv_cache_ 2x8x64", 4),
+    ("decode_step", "<script>window.__pwned = 3</script> changed", "[1/0] re-recorded decode_step", 1),
 ]
 
 
 def add_compile_events(store: Store, run_id: int, now: float) -> int:
     """Write torch.compile skips and re-records for ``run_id`` the way ``graph-inspector watch`` does:
-    its log filter turns the compiler's records into events, the write module records them."""
-    written = 0
+    its log filter and its capture hook make the events, the write module records them."""
+    events = [
+        compile_event_from_record(logging.LogRecord(SKIP_LOGGER, logging.WARNING, "", 1, text, (), None))
+        for text, times in COMPILE_SKIPS
+        for _ in range(times)
+    ]
+    events += [
+        CompileEvent(CompileEventKind.RERECORD, reason, message, function)
+        for function, reason, message, times in COMPILE_RERECORDS
+        for _ in range(times)
+    ]
     with store.writer() as conn:
-        for logger, template, args, times in COMPILE_LOG:
-            for i in range(times):
-                record = logging.LogRecord(logger, logging.DEBUG, "trees.py", 1, template, args, None)
-                record.created = now - 60 + i
-                event = compile_event_from_record(record)
-                assert event is not None
-                record_compile_event(conn, run_id, event)
-                written += 1
-    return written
+        for i, event in enumerate(events):
+            assert event is not None
+            record_compile_event(conn, run_id, dataclasses.replace(event, seen_at=now - 60 + i))
+    return len(events)
 
 
 @pytest.fixture(scope="session")
