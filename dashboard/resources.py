@@ -62,10 +62,14 @@ def graphs() -> Resource:
     order = choice_arg("order", ("asc", "desc"), default="asc")
     page, per_page = pagination()
     assert sort is not None
+    group = choice_arg("group", ("function",))
     listing = queries().graphs(run_id=run_id, mode=mode, size=size, sort=sort, descending=order == "desc",
-                               page=page, per_page=per_page)
-    filters = {"run": run_id, "mode": mode, "size": size, "sort": sort, "order": order}
-    return Resource.from_page(listing, filters=filters)
+                               by_function=group == "function", page=page, per_page=per_page)
+    filters = {"run": run_id, "mode": mode, "size": size, "sort": sort, "order": order, "group": group}
+    if group is None:
+        return Resource.from_page(listing, filters=filters)
+    functions = queries().graph_functions(run_id=run_id, mode=mode, size=size)
+    return Resource.from_page(listing, filters=filters, functions=functions)
 
 
 def graph(raw_id: str) -> Resource:

@@ -263,19 +263,46 @@ class Queries:
         size: int | None = None,
         sort: str = "id",
         descending: bool = False,
+        by_function: bool = False,
         page: int = 1,
         per_page: int = 50,
     ) -> Page:
-        """Captured graphs, filtered and sorted (``sort`` is a key of ``GRAPH_SORTS``)."""
+        """Captured graphs, filtered and sorted (``sort`` is a key of ``GRAPH_SORTS``); with
+        ``by_function``, the graphs of one function (``wrapper``: who captured them) come together."""
         filters = _equal((Graph.run_id, run_id), (Graph.mode, mode), (Graph.captured_size, size))
         column = GRAPH_SORTS[sort]
         order = [column.desc() if descending else column.asc(), Graph.id.desc() if descending else Graph.id]
+        if by_function:
+            order.insert(0, Graph.wrapper)
         with self._session() as session:
             total, graphs = _page_of(session, Graph, filters, order, page, per_page)
             traffic = replay_totals(session, ReplayTotal.graph_id, graph_ids=[g.id for g in graphs])
             none = TrafficTotals()
             items = [{**fields.graph(g), "traffic": traffic.get((g.id,), none).as_dict()} for g in graphs]
         return Page(items, page, per_page, total)
+
+    def graph_functions(
+        self, *, run_id: int | None = None, mode: str | None = None, size: int | None = None
+    ) -> dict[str, dict[str, int]]:
+        """Per function that captured graphs (``wrapper``): its graphs, pool memory and replays."""
+        filters = _equal((Graph.run_id, run_id), (Graph.mode, mode), (Graph.captured_size, size))
+        replays = (
+            select(ReplayTotal.graph_id, integer_sum(ReplayTotal.replays).label("replays"))
+            .group_by(ReplayTotal.graph_id)
+            .subquery()
+        )
+        query = (
+            select(Graph.wrapper, func.count(Graph.id), integer_sum(Graph.pool_bytes),
+                   integer_sum(func.coalesce(replays.c.replays, 0)))
+            .outerjoin(replays, replays.c.graph_id == Graph.id)
+            .where(*filters)
+            .group_by(Graph.wrapper)
+        )
+        with self._session() as session:
+            return {
+                wrapper: {"graphs": count, "pool_bytes": pool or 0, "replays": replayed or 0}
+                for wrapper, count, pool, replayed in session.execute(query)
+            }
 
     def graph(self, graph_id: int) -> dict[str, Any] | None:
         """One graph in full: what it baked in, its run, its replay history and its violations."""

@@ -101,6 +101,12 @@ def mark_ready() -> None:
     installation.watcher.mark_ready()
 
 
+def hooks_path() -> str | None:
+    """How the active watch hears graphs: "torch hooks" (PyTorch's own) or "patched"; None if none."""
+    installation = _active
+    return None if installation is None else installation.hooks.path
+
+
 def current() -> Watcher | None:
     """The active watch's state, or None."""
     installation = _active

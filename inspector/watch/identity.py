@@ -98,11 +98,11 @@ class CallSite:
 class BatchShape:
     """Batch size, tokens per sequence and cache length, where a graph's inputs show them.
 
-    Read from the tensors the compiled function was called with: the first 2-D integer tensor is
-    token ids (batch x sequence; transformers' ``input_ids``), else the first tensor's leading size
-    is the batch; the cache length is the third size of the 4-D floating tensors of that batch among
-    all inputs (a KV cache laid out batch x heads x length x head size, as transformers' static
-    cache is).
+    Read from the tensors the compiled function was called with: token ids are the argument named
+    ``input_ids`` (transformers' name), else the first 2-D integer tensor that is not a mask:
+    batch x sequence; without any, the first tensor's leading size is the batch. The cache length
+    is the third size of the 4-D floating tensors of that batch among all inputs (a KV cache laid
+    out batch x heads x length x head size, as transformers' static cache is).
     """
 
     batch: int
@@ -110,13 +110,17 @@ class BatchShape:
     cache: int | None = None
 
     @classmethod
-    def of(cls, user: Iterable[torch.Tensor], graph: Iterable[torch.Tensor] = ()) -> BatchShape | None:
+    def of(
+        cls, user: Iterable[tuple[str, torch.Tensor]], graph: Iterable[torch.Tensor] = ()
+    ) -> BatchShape | None:
         user = list(user)
-        ids = next((t for t in user if t.dim() == 2 and _is_integer(t)), None)
+        integer = [(n, t) for n, t in user if t.dim() == 2 and _is_integer(t)]
+        ids = next((t for n, t in integer if n.endswith("input_ids")), None)
+        ids = ids if ids is not None else next((t for n, t in integer if "mask" not in n), None)
         if ids is not None:
             batch, seq = int(ids.shape[0]), int(ids.shape[1])
         else:
-            first = next((t for t in user if t.dim() >= 1), None)
+            first = next((t for _, t in user if t.dim() >= 1), None)
             if first is None:
                 return None
             batch, seq = int(first.shape[0]), None
@@ -124,7 +128,7 @@ class BatchShape:
             return None
         lengths = [
             int(t.shape[2])
-            for t in (*user, *graph)
+            for t in (*(t for _, t in user), *graph)
             if t.dim() == 4 and t.is_floating_point() and int(t.shape[0]) == batch
         ]
         return cls(batch, seq, max(lengths) if lengths else None)

@@ -12,14 +12,16 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
-from inspector.watch.flush import WatchFlusher
 from inspector.watch.watcher import CompileEvent, WatchedGraph
+
+if TYPE_CHECKING:
+    from inspector.watch.flush import WatchFlusher
 
 
 def describe_device() -> str:
@@ -64,6 +66,10 @@ class RecorderSink:
         self._graphs = graphs
 
     def _started(self) -> WatchFlusher:
+        # The database side (SQLAlchemy and the models) is imported here, at the first record, not
+        # at install: a watched process that never captures a graph never loads it.
+        from inspector.watch.flush import WatchFlusher
+
         with self._lock:
             if self.flusher is None:
                 if self.recorder is None:

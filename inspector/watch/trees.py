@@ -89,7 +89,7 @@ def tree_capture(
     compiled, name, site = compiled_function(frames[frames.index(manager) :])
     user = list(tensor_arguments(compiled)) if compiled is not None else []
     inputs = CapturedInputs.from_named(user)
-    shape = BatchShape.of([t for _, t in user], graph_inputs)
+    shape = BatchShape.of(user, graph_inputs)
     return TreeCapture(
         function=name,
         site=site,

@@ -123,3 +123,33 @@ def test_same_sized_graphs_of_two_call_sites_keep_their_own_replays_in_a_recorde
     assert {key: graph_id for key, (_, graph_id) in totals.items()} == graphs
     recorder.close()
     store.dispose()
+
+
+def test_the_graphs_page_groups_a_watched_runs_graphs_by_the_function_that_captured_them(db: str) -> None:
+    from dashboard.app import create_app
+
+    watch.install(db, label="two engines")
+    first = [capture(torch.zeros(n, 4)) for n in (8, 2)]
+    second = capture_elsewhere(torch.zeros(4, 4))
+    first[0].replay()
+    second.replay()
+    second.replay()
+    watch.uninstall()
+
+    app = create_app(db)
+    try:
+        client = app.test_client()
+        body = client.get("/api/graphs?group=function&sort=size").get_json()
+        items, functions = body["data"]["items"], body["data"]["functions"]
+        wrappers = [g["wrapper"] for g in items]
+        assert wrappers == sorted(wrappers) and len(set(wrappers)) == 2  # one function's graphs together
+        (own,) = [w for w in functions if w.endswith("in capture")]
+        (other,) = [w for w in functions if w.endswith("in capture_elsewhere")]
+        assert functions[own] == {"graphs": 2, "pool_bytes": 0, "replays": 1}
+        assert functions[other] == {"graphs": 1, "pool_bytes": 0, "replays": 2}
+        assert [g["descriptor"]["num_tokens"] for g in items if g["wrapper"] == own] == [2, 8]
+        html = client.get("/graphs?group=function").get_data(as_text=True)
+        assert html.count('class="group-head"') == 2 and "2 graphs" in html and "1 graph " in html
+        assert 'class="group-head"' not in client.get("/graphs").get_data(as_text=True)
+    finally:
+        app.extensions["graph_inspector"].store.dispose()

@@ -69,15 +69,17 @@ def test_moved_inputs_survive_whatever_torch_bound() -> None:
 
 
 def test_batch_shape_reads_token_ids_and_a_kv_cache() -> None:
-    ids, position = torch.zeros(8, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    mask, ids = torch.ones(8, 64, dtype=torch.long), torch.zeros(8, 1, dtype=torch.long)
+    position = torch.zeros(1, dtype=torch.long)
+    user = [("attention_mask", mask), ("cache_position", position), ("input_ids", ids)]
     keys = torch.zeros(8, 4, 64, 16)
-    shape = BatchShape.of([ids, position], [torch.zeros(1024, 256), keys, torch.zeros(1, 4, 99, 16)])
+    shape = BatchShape.of(user, [torch.zeros(1024, 256), keys, torch.zeros(1, 4, 99, 16)])
     assert shape == BatchShape(batch=8, seq=1, cache=64)
     assert (shape.num_tokens, shape.text) == (8, "batch 8 · seq 1 · cache 64")
-    assert BatchShape.of([torch.zeros(4, 16, 32)]) == BatchShape(batch=4)
-    assert BatchShape.of([torch.zeros(())]) is None and BatchShape.of([]) is None
-    prefill = BatchShape.of([torch.zeros(2, 16, dtype=torch.int32)])
-    assert prefill is not None and prefill.num_tokens == 32
+    unnamed = BatchShape.of([("attention_mask", mask), ("args[1]", torch.zeros(8, 3, dtype=torch.int32))])
+    assert unnamed == BatchShape(batch=8, seq=3)  # a mask is not token ids
+    assert BatchShape.of([("x", torch.zeros(4, 16, 32))]) == BatchShape(batch=4)
+    assert BatchShape.of([("x", torch.zeros(()))]) is None and BatchShape.of([]) is None
 
 
 def test_a_compiled_functions_graph_is_keyed_by_function_and_batch() -> None:
