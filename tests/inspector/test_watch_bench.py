@@ -26,3 +26,32 @@ def test_gpu_watch_on_a_cpu_host_records_why_nothing_was_measured(tmp_path: Path
     skipped = [note.split(":")[0] for note in payload["notes"]]
     assert skipped == ["decode loop", "torch.compile", "replay overhead"]
     assert "needs a CUDA device" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run is the benchmark itself")
+def test_gpu_transformers_on_a_cpu_runs_bare_and_watched_processes_and_says_what_it_skipped(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("transformers")
+    out = tmp_path / "gpu_transformers.json"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_transformers.py"), "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    payload = json.loads(out.read_text())
+    results = payload["results"]
+    assert payload["benchmark"] == "gpu_transformers" and results["failed"] == 0
+    assert [(c["mode"], c["batch"], c["tokens_identical"]) for c in results["cells"]] == [
+        ("eager", 1, True), ("eager", 2, True)
+    ]
+    assert sorted(p["variant"] for p in results["processes"]) == ["bare", "watched"]
+    assert all(c["bare"]["processes"] == c["watched"]["processes"] == 1 for c in results["cells"])
+    (note,) = payload["notes"]
+    assert note.startswith("compiled mode needs a CUDA device")
+    met = {t["name"].split(",")[0]: t["met"] for t in payload["targets"]}
+    assert met["batch sizes whose tokens differ between processes"] is True
+    assert met["eager: watched/bare"] is None  # a CPU's figure neither meets nor misses a GPU target
+    assert "watched/bare" in result.stdout
+    assert json.loads(result.stdout.strip().splitlines()[-1])["out"] == str(out)
