@@ -22,6 +22,9 @@ the re-records with their reasons.
 
     python3 bench/gpu_transformers.py --out $OUT/gpu_transformers.json    # about 7 minutes on an H200
 
+Rounds go on while the last round's time still fits the budget (``--budget-s``, default 420 s; the
+first round also pays for the cold compiles, later ones hit the inductor cache all processes share).
+
 ``--trees-debug-log`` lowers the cudagraph trees' logger to DEBUG in the child, as graph-inspector
 watch did before it read re-record reasons off the trees' frames: with torch 2.11 that makes
 generate fail at batch 32 (torch's debug-only message asserts). ``--quick`` runs a tiny model on
@@ -459,9 +462,9 @@ def make_targets(results: dict[str, Any], modes: Sequence[str], *, applies: bool
         worst = max(abs(1 - (c["recorded_over_held"] or 0)) for c in compiled)
         targets.append(
             target(
-                "watched graphs' pool bytes vs their pools' reserved bytes, |1 - ratio|",
+                "watched graphs' pool bytes vs what their pools hold, |1 - ratio| (worst process)",
                 worst,
-                0.01,
+                0.1,
                 applies=applies,
             )
         )
@@ -538,7 +541,7 @@ def _num(value: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser(
-        __doc__.split("\n\n")[0], default_out="bench/results/gpu_transformers.json", default_budget_s=400
+        __doc__.split("\n\n")[0], default_out="bench/results/gpu_transformers.json", default_budget_s=420
     )
     parser.add_argument(
         "--db",
@@ -566,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         "--reps", type=int, default=5, help="timed generates per batch size and process (default 5)"
     )
     parser.add_argument(
-        "--min-rounds", type=int, default=3, help="rounds run whatever the budget (default 3)"
+        "--min-rounds", type=int, default=2, help="rounds run whatever the budget (default 2)"
     )
     parser.add_argument("--max-rounds", type=int, default=12, help="most rounds (default 12)")
     parser.add_argument(

@@ -10,17 +10,21 @@ capture_core (vLLM, SGLang, torch.compile's cudagraph trees, a hand-written deco
 ``graph-inspector watch -- python script.py`` does the same for a whole script without editing it.
 
 What is recorded, per process (one run per rank): every graph as a ``graphs`` row (mode "full",
-backend "cuda", ``wrapper`` = the capture call site, ``descriptor_key`` = call site + input shapes
-+ a digest, ``captured_size`` = the first input's leading dimension, ``pool_bytes`` = what the capture
-added to its pool); replays per graph in ``replay_windows``/``replay_totals``; unexpected captures,
-re-recording storms and torch.compile skips in ``violations`` (``unexpected_capture``,
-``rerecord_storm``, ``compile_skip``); skips and re-records with the compiler's reason in
-``compile_events``. Graphs never replayed are those with no replays (``watch_summary`` lists them).
+backend "cuda", ``wrapper`` = the capture call site, or for torch.compile's graphs the compiled
+function and where it is defined, ``... in LlamaForCausalLM.forward via torch.compile``;
+``descriptor_key`` = call site + input shapes + a digest, or for compiled functions the function and
+its batch, sequence and cache sizes where the inputs show them; ``captured_size`` = the first input's
+leading dimension, or batch x sequence, with the batch as ``num_reqs``; ``pool_bytes`` = what the
+graph's pool grew by since its previous capture); replays per graph in
+``replay_windows``/``replay_totals``; unexpected captures, re-recording storms and torch.compile
+skips in ``violations`` (``unexpected_capture``, ``rerecord_storm``, ``compile_skip``); skips and
+re-records with the compiler's reason in ``compile_events``. Graphs never replayed are those with
+no replays (``watch_summary`` lists them).
 
 Limits: Python started with ``-I``, ``-S`` or ``-E`` skips the start-up hook, so the command cannot
 watch it (call ``install()`` in the program instead); a process forked after the first capture
 does not inherit a working recorder; torch.compile's cudagraph trees capture one empty graph per
-device to keep their pool alive, which is recorded (and never replayed) like any other.
+device to keep their pool alive, which is recorded (labelled "pool keep-alive", never replayed).
 
 The names are loaded on first use: the start-up hook imports ``inspector.watch.launch`` in every
 process of a watched command, and a process that never imports torch must not import it here.
