@@ -39,6 +39,7 @@ import json
 import logging
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -147,17 +148,21 @@ def run_child(args: Any) -> dict[str, Any]:
         tokens = generate(model, ids, args.new_tokens, compiled)
         sync(device)
         first_s = time.perf_counter() - begin
-        times, digests = [], {token_digest(tokens)}
+        times, cpu_times, digests = [], [], {token_digest(tokens)}
         for _ in range(args.reps):
-            begin = time.perf_counter()
+            begin, cpu_begin = time.perf_counter(), time.process_time()
             again = generate(model, ids, args.new_tokens, compiled)
             sync(device)
             times.append(time.perf_counter() - begin)
+            cpu_times.append(time.process_time() - cpu_begin)
             digests.add(token_digest(again))
         result["batches"][str(batch)] = {
             "first_s": first_s,
             "times_s": times,
             "ms_per_token": 1e3 * statistics.median(times) / args.new_tokens,
+            # the process's CPU time, every thread (the watch's writer too): less moved by a busy
+            # machine than wall time, and the host work is where a watch could cost
+            "cpu_ms_per_token": 1e3 * statistics.median(cpu_times) / args.new_tokens,
             "tokens": token_digest(tokens),
             "tokens_stable": len(digests) == 1,
             "first_row": tokens[0, -8:].tolist(),
@@ -258,17 +263,25 @@ def run_process(args: Any, mode: str, variant: str, round_index: int, db: str, l
     command = child_command(args, mode, variant, out, db, label)
     began = time.perf_counter()
     with log.open("w") as sink:
-        status = subprocess.run(
-            command, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=args.child_timeout_s
+        # A session of its own, so that a process over its time limit is ended with everything
+        # it started (the watched command's child is a grandchild of this one).
+        child = subprocess.Popen(
+            command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
         )
+        try:
+            returncode = child.wait(timeout=args.child_timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            returncode = f"over its {args.child_timeout_s:g} s limit"
     wall_s = time.perf_counter() - began
-    if status.returncode != 0 or not out.exists():
+    if returncode != 0 or not out.exists():
         tail = log.read_text()[-3000:]
         return {
             "mode": mode,
             "variant": variant,
             "round": round_index,
-            "failed": status.returncode,
+            "failed": returncode,
             "wall_s": wall_s,
             "log_tail": tail,
         }
@@ -372,15 +385,26 @@ def summarise(
                     for p in ok
                     if p["mode"] == mode and p["variant"] == variant
                 ]
+                cpu = [
+                    p["batches"][str(batch)]["cpu_ms_per_token"]
+                    for p in ok
+                    if p["mode"] == mode and p["variant"] == variant
+                ]
                 cell[variant] = {
                     "processes": len(values),
                     "median_ms_per_token": statistics.median(values) if values else None,
+                    "median_cpu_ms_per_token": statistics.median(cpu) if cpu else None,
                     "min_ms_per_token": min(values, default=None),
                     "max_ms_per_token": max(values, default=None),
                     "median_first_generate_s": statistics.median(firsts) if firsts else None,
                 }
             bare, watched = cell["bare"]["median_ms_per_token"], cell["watched"]["median_ms_per_token"]
             cell["ratio"] = watched / bare if bare and watched else None
+            bare_cpu, watched_cpu = (
+                cell["bare"]["median_cpu_ms_per_token"],
+                cell["watched"]["median_cpu_ms_per_token"],
+            )
+            cell["cpu_ratio"] = watched_cpu / bare_cpu if bare_cpu and watched_cpu else None
             cell["paired_ratios"] = paired_ratios(ok, mode, batch)
             rows.append(cell)
             if cell["ratio"]:
@@ -486,6 +510,7 @@ def report(results: dict[str, Any], modes: Sequence[str], targets: list, notes: 
                 f"{_num(watched['min_ms_per_token'])}..{_num(watched['max_ms_per_token'])}",
                 cell["ratio"],
                 f"{_num(min(paired, default=None))}..{_num(max(paired, default=None))}",
+                cell["cpu_ratio"],
                 bare["processes"] + watched["processes"],
                 cell["tokens_identical"],
             )
@@ -502,6 +527,7 @@ def report(results: dict[str, Any], modes: Sequence[str], targets: list, notes: 
             "watched range",
             "watched/bare",
             "paired range",
+            "CPU time w/b",
             "processes",
             "same tokens",
         ),
@@ -573,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-rounds", type=int, default=12, help="most rounds (default 12)")
     parser.add_argument(
-        "--child-timeout-s", type=float, default=300, help="limit for one process (default 300)"
+        "--child-timeout-s", type=float, default=420, help="limit for one process (default 420)"
     )
     parser.add_argument(
         "--trees-debug-log",
