@@ -24,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Run COMMAND with hooks on torch.cuda.CUDAGraph (and torch.cuda.graph, "
             "make_graphed_callables, torch.compile's cudagraph trees) in every Python process it "
             "starts, and record its graphs, replays, unexpected captures, re-recording storms and "
-            "torch.compile skips into the database. Put the command after '--'."
+            "torch.compile's skips and re-records (with their reasons) into the database. The "
+            "program runs as it would unwatched: no logger level or setting of torch is changed. "
+            "Put the command after '--'."
         ),
         epilog="example: graph-inspector watch --ready-after 1000 -- python serve.py --model llama",
     )

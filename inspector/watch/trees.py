@@ -150,9 +150,9 @@ def _called_module(frames: list[types.FrameType]) -> torch.nn.Module | None:
     for position, frame in enumerate(frames):
         if position and not in_torch(frame):
             return None  # the caller of the compiled code: no module was called on the way
-        owner = frame.f_locals.get("self")
         if position and frame.f_code.co_name not in MODULE_CALL_FRAMES:
             continue
+        owner = frame.f_locals.get("self")
         if isinstance(owner, torch.nn.Module) and not isinstance(owner, torch.fx.GraphModule):
             return getattr(owner, "_orig_mod", owner)  # torch.compile(model) wraps the module
     return None
