@@ -99,7 +99,8 @@ def test_compiled_generate_at_batch_1_8_and_32_in_one_process_is_the_same_watche
         with store.session() as session:
             graphs = [g for g in session.scalars(select(Graph)) if "LlamaForCausalLM.forward" in g.wrapper]
             assert {g.num_reqs for g in graphs} >= {1, 8, 32}
-            assert all(g.wrapper.endswith("in LlamaForCausalLM.forward via torch.compile") for g in graphs)
+            assert all("modeling_llama.py:" in g.wrapper for g in graphs)  # where forward is defined
+            assert all(g.wrapper.endswith("via torch.compile") for g in graphs)
             assert sum(g.pool_bytes for g in graphs) > 0
             rerecords = [e for e in session.scalars(select(CompileRecord)) if e.kind == "compile_rerecord"]
             assert all(e.reason and e.reason != "unknown" for e in rerecords)
