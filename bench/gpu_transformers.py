@@ -346,16 +346,8 @@ def run_parent(args: Any) -> dict[str, Any]:
     results["processes"] = processes
     targets = make_targets(results, modes, applies=device.type == "cuda" and not args.quick)
     config = {k: v for k, v in vars(args).items() if k not in ("child", "child_out", "launched_at", "out")}
-    payload = write_results(
-        out,
-        benchmark="gpu_transformers",
-        command=command_line(),
-        device=device,
-        config=config,
-        results=results,
-        targets=targets,
-        notes=notes,
-    )
+    payload = write_results(out, benchmark="gpu_transformers", command=command_line(), device=device,
+                            config=config, results=results, targets=targets, notes=notes)
     report(results, modes, targets, notes)
     print(json.dumps({"out": str(out), "db": db, "ratios": results["ratios"], "targets": payload["targets"]}))
     return payload
