@@ -107,9 +107,18 @@ def _manager_frame(frames: list[types.FrameType]) -> types.FrameType | None:
             continue
         if code.co_name in MANAGER_FRAMES and "function_id" in code.co_varnames:
             return frame
-        if code.co_name == "__init__" and type(frame.f_locals.get("self")).__name__ == "CUDAGraphTreeManager":
+        if code.co_name == "__init__" and _qualname(code) == "CUDAGraphTreeManager.__init__":
             return frame
     return None
+
+
+def _qualname(code: types.CodeType) -> str:
+    """A code object's qualified name, without touching its frame's locals: a snapshot of those
+    would keep tensors alive that torch's trees expect to be freed (their liveness checks)."""
+    qualname = getattr(code, "co_qualname", None)  # Python 3.11+
+    if qualname is not None:
+        return qualname
+    return "CUDAGraphTreeManager.__init__" if code.co_varnames[:2] == ("self", "device_index") else ""
 
 
 def compiled_function(

@@ -40,7 +40,7 @@ from inspector.watch.identity import (
     format_stack,
 )
 from inspector.watch.pools import PoolId, PoolMeter, allocator_pool_bytes
-from inspector.watch.trees import TreeCapture, tree_capture
+from inspector.watch.trees import Rerecord, TreeCapture, tree_capture
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ class Watcher:
         if storm >= self.storm_threshold:
             self._send_storm(graph, storm)
         if tree is not None and tree.rerecord is not None:
-            self._send_rerecord(graph, tree)
+            self._send_rerecord(graph, tree.rerecord)
         return graph
 
     def _late_capture_count(self, history: _SiteHistory, now: float) -> int:
@@ -362,9 +362,7 @@ class Watcher:
         )
         self._deliver(self.observer.on_violation, event)
 
-    def _send_rerecord(self, graph: WatchedGraph, tree: TreeCapture) -> None:
-        rerecord = tree.rerecord
-        assert rerecord is not None
+    def _send_rerecord(self, graph: WatchedGraph, rerecord: Rerecord) -> None:
         where = f"[{rerecord.compile_id}] " if rerecord.compile_id else ""
         shape = f" ({graph.identity.batch.text})" if graph.identity.batch else ""
         detail = f"; {rerecord.detail}" if rerecord.detail else ""
