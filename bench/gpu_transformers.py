@@ -423,6 +423,11 @@ def paired_ratios(processes: list[dict[str, Any]], mode: str, batch: int) -> lis
 def pool_check(processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per watched process: the graphs' pool bytes against the pools' reserved bytes and the total."""
     checks = []
+    bare = {
+        p["mode"]: sum((p.get("memory") or {}).get("pool_reserved_bytes", {}).values())
+        for p in processes
+        if p["variant"] == "bare"
+    }  # the last bare process of each mode: what the same program's graph pools hold unwatched
     for p in processes:
         watch, memory = p.get("watch"), p.get("memory") or {}
         if not watch or not memory:
@@ -437,6 +442,7 @@ def pool_check(processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "recorded_pool_bytes": recorded,
                 "pools_reserved_bytes": held,
                 "allocator_reserved_bytes": memory["reserved_bytes"],
+                "bare_pools_reserved_bytes": bare.get(p["mode"]),
                 "recorded_over_held": recorded / held if held else None,
             }
         )
@@ -533,7 +539,8 @@ def report(results: dict[str, Any], modes: Sequence[str], targets: list, notes: 
             f"pool bytes, {check['mode']} r{check['round']}: {check['graphs']} graphs recorded "
             f"{check['recorded_pool_bytes'] / 2**20:.1f} MiB; their pools hold "
             f"{check['pools_reserved_bytes'] / 2**20:.1f} MiB; the allocator reserved "
-            f"{check['allocator_reserved_bytes'] / 2**20:.1f} MiB"
+            f"{check['allocator_reserved_bytes'] / 2**20:.1f} MiB; unwatched, the graph pools held "
+            f"{(check['bare_pools_reserved_bytes'] or 0) / 2**20:.1f} MiB"
         )
     watched = [p for p in results["processes"] if p.get("watch")]
     if watched:
