@@ -66,9 +66,7 @@ def graphs() -> Resource:
     listing = queries().graphs(run_id=run_id, mode=mode, size=size, sort=sort, descending=order == "desc",
                                by_function=group == "function", page=page, per_page=per_page)
     filters = {"run": run_id, "mode": mode, "size": size, "sort": sort, "order": order, "group": group}
-    if group is None:
-        return Resource.from_page(listing, filters=filters)
-    functions = queries().graph_functions(run_id=run_id, mode=mode, size=size)
+    functions = None if group is None else queries().graph_functions(run_id=run_id, mode=mode, size=size)
     return Resource.from_page(listing, filters=filters, functions=functions)
 
 

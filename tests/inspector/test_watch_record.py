@@ -147,7 +147,7 @@ def test_the_graphs_page_groups_a_watched_runs_graphs_by_the_function_that_captu
         (other,) = [w for w in functions if w.endswith("in capture_elsewhere")]
         assert functions[own] == {"graphs": 2, "pool_bytes": 0, "replays": 1}
         assert functions[other] == {"graphs": 1, "pool_bytes": 0, "replays": 2}
-        assert [g["descriptor"]["num_tokens"] for g in items if g["wrapper"] == own] == [2, 8]
+        assert [g["descriptor"]["captured_size"] for g in items if g["wrapper"] == own] == [2, 8]
         html = client.get("/graphs?group=function").get_data(as_text=True)
         assert html.count('class="group-head"') == 2 and "2 graphs" in html and "1 graph " in html
         assert 'class="group-head"' not in client.get("/graphs").get_data(as_text=True)
