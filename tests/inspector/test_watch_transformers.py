@@ -35,7 +35,8 @@ def generate(
     out = tmp_path / f"{name}.json"
     child = [sys.executable, str(BENCH), "--child", "--device", device, "--child-out", str(out), *options]
     command = [sys.executable, "-m", "dashboard.cli", "watch", "--db", db, "--", *child] if watched else child
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     return done, json.loads(out.read_text()) if out.exists() else None
 
