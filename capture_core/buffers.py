@@ -8,7 +8,8 @@ size with a pad value (a dummy token, position 0, the spare KV-cache slot).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +80,25 @@ class StaticBuffers:
             view[:real].copy_(source)
             view[real:].fill_(self.specs[name].pad_value)
         return views
+
+    @contextmanager
+    def relocated(self, name: str) -> Iterator[torch.Tensor]:
+        """Inside the block, buffer ``name`` is a fresh tensor at a new address (a planted fault).
+
+        What an engine does when it builds a new input tensor instead of copying into the static
+        one: a graph still reads the static buffer (the previous step's values), and the address
+        check sees the input move. The static buffer is back when the block ends.
+        """
+        if name not in self.tensors:
+            raise ValueError(f"no static buffer named {name!r}; buffers: {', '.join(self.tensors)}")
+        static = self.tensors[name]
+        self.tensors[name] = torch.empty_like(static)
+        self._views.clear()
+        try:
+            yield self.tensors[name]
+        finally:
+            self.tensors[name] = static
+            self._views.clear()
 
     def _check_size(self, num_tokens: int) -> None:
         if not 0 < num_tokens <= self.max_tokens:

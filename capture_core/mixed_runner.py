@@ -14,7 +14,7 @@ segments with per-request attention between them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -22,12 +22,13 @@ import torch
 from capture_core.buffers import BufferSpec, StaticBuffers
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
+from capture_core.faults import plant_address_drift, plant_unexpected_capture
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
-from capture_core.piecewise import PiecewiseGraph
+from capture_core.piecewise import PiecewiseEntry, PiecewiseGraph
 from capture_core.runtime import GraphRuntime
 from capture_core.sizes import SizeTable
-from capture_core.wrapper import CUDAGraphWrapper
+from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
 
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
 
@@ -155,6 +156,35 @@ class MixedBatchRunner:
                 self.kv_cache,
                 attn_metadata,
             )
+
+    @property
+    def graphs(self) -> Mapping[BatchDescriptor, GraphEntry | PiecewiseEntry]:
+        """Every graph this runner holds, by descriptor: the FULL ones and the piecewise ones."""
+        held: dict[BatchDescriptor, GraphEntry | PiecewiseEntry] = {}
+        for wrapper in (self.full, self.piecewise):
+            if wrapper is not None:
+                held.update(wrapper.graphs)
+        return held
+
+    def inject_address_drift(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor,
+                             attn_metadata: StepMetadata) -> torch.Tensor:
+        """A planted fault: this step's ``input_ids`` go into a fresh tensor, not the static buffer.
+
+        The graph (FULL or piecewise) reads the previous step's ids, so the logits are stale; the
+        drift event is marked injected; DEBUG checks raise ``AddressDriftError``. A step that runs
+        eagerly has no graph to drift (``FaultNotPlantable``).
+        """
+        routed = self.route(attn_metadata)
+        return plant_address_drift(self, routed, self.step, input_ids, positions, slot_ids, attn_metadata)
+
+    def inject_unexpected_capture(self) -> BatchDescriptor:
+        """A planted fault: a decode batch of a size start-up never captured, after the lock.
+
+        Dummy inputs write only the spare KV slot; the event is marked injected and the runtime's
+        policy decides what follows. ``FaultNotPlantable`` when the mode captures no decode graphs
+        or every size up to the largest has one. Returns the descriptor it asked for.
+        """
+        return plant_unexpected_capture(self, self._top)
 
     def __repr__(self) -> str:
         return (

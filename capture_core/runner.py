@@ -22,6 +22,7 @@ from capture_core.buffers import BufferSpec, StaticBuffers
 from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
+from capture_core.faults import plant_address_drift, plant_unexpected_capture
 from capture_core.forward_context import set_forward_context, use_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime
@@ -209,60 +210,23 @@ class DecodeRunner:
     def inject_address_drift(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor
     ) -> torch.Tensor:
-        """A planted fault: a step that builds a fresh ``input_ids`` tensor instead of copying in.
+        """A planted fault: this step's ``input_ids`` go into a fresh tensor, not the static buffer.
 
         This is the classic engine bug: the graph still reads the static buffer, which holds the
         previous step's token ids, so the logits are stale. The drift event is marked injected; in
-        DEBUG checks this raises ``AddressDriftError``.
+        DEBUG checks this raises ``AddressDriftError``. ``FaultNotPlantable`` for an eager step.
         """
-        num_tokens = _num_tokens(input_ids, positions, slot_ids)
-        routed = self.route(num_tokens)
-        if routed.eager_reason is not None:
-            reason = routed.eager_reason.value
-            raise ValueError(f"{num_tokens} tokens run eagerly ({reason}): there is no graph to drift")
-        padded = routed.descriptor.num_tokens
-        views = self.buffers.load(padded, positions=positions, slot_ids=slot_ids)
-        fresh_ids = torch.zeros(padded, dtype=torch.long, device=self.device)
-        fresh_ids[:num_tokens].copy_(input_ids)
-        with (
-            self.runtime.injected_faults(),
-            torch.no_grad(),
-            self._context(routed.mode, routed.descriptor, num_tokens),
-        ):
-            logits = self.graphed(fresh_ids, views["positions"], views["slot_ids"], self.kv_cache)
-        return logits[:num_tokens]
+        routed = self.route(_num_tokens(input_ids, positions, slot_ids))
+        return plant_address_drift(self, routed, self.step, input_ids, positions, slot_ids)
 
     def inject_unexpected_capture(self) -> BatchDescriptor:
-        """A planted fault: ask for a graph that start-up never captured, after the lock.
+        """A planted fault: ask for a decode graph that start-up never captured, after the lock.
 
         Runs on dummy inputs (writing only the spare KV slot). The event is marked injected; what
         follows is the runtime's policy (raise ``UnexpectedCaptureError``, serve eagerly, or
         capture). Returns the descriptor it asked for.
         """
-        descriptor = self._uncaptured_descriptor()
-        views = self.buffers.views(descriptor.num_tokens)
-        dummy = {"input_ids": 0, "positions": 0, "slot_ids": self.padding_slot}
-        for name, value in dummy.items():
-            views[name].fill_(value)
-        with (
-            self.runtime.injected_faults(),
-            torch.no_grad(),
-            set_forward_context(CUDAGraphMode.FULL, descriptor),
-        ):
-            self.graphed(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
-        return descriptor
-
-    def _uncaptured_descriptor(self) -> BatchDescriptor:
-        held = self.graphs
-        table = self.dispatcher.sizes
-        for size in range(1, table.max_size + 1):
-            if size not in table:
-                return BatchDescriptor(size, size, True)
-        for size in table.sizes:
-            for candidate in (BatchDescriptor(size, size, True), BatchDescriptor(size)):
-                if candidate not in held:
-                    return candidate
-        raise ValueError("every descriptor this runner could ask for is already captured")
+        return plant_unexpected_capture(self, self.graphed)
 
     def __repr__(self) -> str:
         return (
