@@ -41,9 +41,9 @@ from capture_core.reference import (
     padding_stats,
 )
 from capture_core.sizes import SizeTable, capture_sizes
-from dashboard.commands.demo import DEFAULT_SPEEDUP as DEMO_SPEEDUP
-from dashboard.commands.demo import DEFAULT_STEPS as DEMO_STEPS
-from dashboard.commands.demo import STEP_SECONDS as DEMO_STEP_SECONDS
+from dashboard.demo.options import DEFAULT_SPEEDUP as DEMO_SPEEDUP
+from dashboard.demo.options import DEFAULT_STEPS as DEMO_STEPS
+from dashboard.demo.options import STEP_SECONDS as DEMO_STEP_SECONDS
 
 POLICIES = ("pow2", "vllm")
 DEFAULT_SPEEDUPS = (0.05, 0.25, 1.0, 2.0, 4.0, 8.0, 11.0)

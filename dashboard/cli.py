@@ -1,22 +1,26 @@
-"""The `graph-inspector` command line: one module per subcommand, registered here."""
+"""The `graph-inspector` command line: every subcommand and every option, declared in this module.
+
+Each subcommand's work lives in one module, named here as ``module:function`` and imported only
+when that subcommand runs, so ``--help`` loads no torch, Flask or SQLAlchemy and answers at once.
+
+Exit codes, for every subcommand: 0 clean; 1 findings (violations, a schema behind the newest);
+2 usage or database errors, told in one line on stderr without a traceback; 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
-# Each module defines `register(subparsers)`, which adds its parser and sets `func(args) -> int`.
-# Modules import their heavy dependencies (torch, Flask, SQLAlchemy) inside `func`, so that
-# `--help` stays instant.
-COMMAND_MODULES = (
-    "dashboard.commands.demo",
-    "dashboard.commands.serve",
-    "inspector.commands.report",
-    "inspector.commands.db",
-    "inspector.commands.watch",
-)
+from dashboard.commands.serve import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV
+from dashboard.demo import options as demo
+from inspector.commands.report import FORMATS as REPORT_FORMATS
+
+Number = TypeVar("Number", int, float)
+DB_HELP = "database URL (default: $GRAPH_INSPECTOR_DB, else sqlite:///graph-inspector.db)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,11 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
             "A CUDA-graph cache for LLM decoding and the daemon that inspects it: what the graph "
             "cache holds, how traffic meets it, and when it is silently wrong."
         ),
+        epilog="exit codes: 0 clean, 1 findings (violations), 2 usage or database errors",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print the installed version and exit")
+    commands = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+    _add_demo(commands)
+    _add_serve(commands)
+    _add_report(commands)
+    _add_watch(commands)
+    _add_db(commands)
     return parser
 
 
@@ -39,17 +48,212 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
         return 2
+    command = " ".join(filter(None, (args.subcommand, getattr(args, "action", None))))
     try:
-        return int(args.func(args) or 0)
+        return int(_load(args.handler)(args) or 0)
     except InspectorError as exc:
-        print(f"graph-inspector {args.command}: error: {exc}", file=sys.stderr)
+        print(f"graph-inspector {command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"graph-inspector {args.command}: interrupted", file=sys.stderr)
+        print(f"graph-inspector {command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _load(target: str) -> Callable[[argparse.Namespace], int]:
+    """The function a subcommand runs, from its ``module:function`` name."""
+    module, _, function = target.partition(":")
+    handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), function)
+    return handler
+
+
+def _command(
+    commands: argparse._SubParsersAction, name: str, handler: str | None, help: str, description: str,
+    **extra: str,
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name``; ``handler`` (``module:function``) does its work, None for a group."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help, description=description, **extra)
+    if handler is not None:
+        parser.set_defaults(handler=handler)
+    return parser
+
+
+# --------------------------------------------------------------------------------- subcommands
+
+
+def _add_demo(commands: argparse._SubParsersAction) -> None:
+    parser = _command(
+        commands, "demo", "dashboard.demo.command:run",
+        help="run the reference workload on real traffic, record it, and serve the dashboard",
+        description=(
+            "Run the reference decoder through the CUDA-graph cache on real LLM traffic (an hour of "
+            "Azure conversation requests replayed through continuous batching), record every graph, "
+            "replay and violation, plant one address drift and one unexpected capture (marked as "
+            "injected), print a summary and serve the dashboard. Uses CUDA graphs when a GPU is "
+            "present, else the eager backend (same bookkeeping and checks, no graphs)."
+        ),
+    )
+    parser.add_argument("--db", metavar="URL", help=DB_HELP)
+    parser.add_argument("--steps", type=whole_number(1, demo.MAX_STEPS), default=demo.DEFAULT_STEPS,
+                        metavar="N", help=f"engine steps to run (default {demo.DEFAULT_STEPS})")
+    parser.add_argument("--no-serve", action="store_true",
+                        help="exit after the summary instead of serving the dashboard")
+    parser.add_argument("--no-faults", action="store_true",
+                        help="do not plant the injected address drift and unexpected capture")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed: where in the trace the traffic starts, and the model's weights "
+                             "(default 0)")
+    parser.add_argument("--backend", choices=demo.BACKENDS, default="auto",
+                        help="graph backend: cuda (real CUDA graphs), eager (no GPU needed), or auto "
+                             "(default: cuda when a GPU is visible)")
+    parser.add_argument("--model", choices=demo.MODELS, default="auto",
+                        help="reference decoder size: tiny (CPU), small (~60M), large (~1.3B); auto picks "
+                             "tiny on the eager backend and small on CUDA (default auto)")
+    parser.add_argument("--mode", choices=demo.MODES, default=demo.DEFAULT_MODE,
+                        help="CUDA-graph mode: full_and_piecewise (FULL graphs for pure-decode steps, "
+                             "PIECEWISE for steps with prompt chunks), full_decode_only (the decode-only "
+                             "demo: decode steps only, from a cold start), piecewise, full, or none (all "
+                             f"eager) (default {demo.DEFAULT_MODE})")
+    parser.add_argument("--ubatch", action="store_true",
+                        help="micro-batching (DBO): capture every bucket of 32 tokens or more as one "
+                             f"graph of 2 micro-batches, as vLLM does (with --mode {demo.DECODE_ONLY_MODE})")
+    parser.add_argument("--capture-sizes", choices=demo.CAPTURE_POLICIES, default="pow2",
+                        help="capture-size policy: powers of two, or vLLM's default list (default pow2)")
+    parser.add_argument("--max-batch", type=whole_number(1, demo.MAX_BATCH_LIMIT),
+                        default=demo.DEFAULT_MAX_BATCH, metavar="N",
+                        help="largest capture size and most requests running at once "
+                             f"(default {demo.DEFAULT_MAX_BATCH})")
+    parser.add_argument("--speedup", type=speedup, default=None, metavar="X",
+                        help="replay the trace X times faster than recorded: larger X, larger batches "
+                             f"(default {demo.MIXED_SPEEDUP:g}; {demo.DEFAULT_SPEEDUP:g} with --mode "
+                             f"{demo.DECODE_ONLY_MODE})")
+    parser.add_argument("--trace", metavar="CSV",
+                        help="your own traffic: a CSV of TIMESTAMP,ContextTokens,GeneratedTokens per request "
+                             "(default: the packaged Azure conversation trace)")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"address to serve the dashboard on (default {DEFAULT_HOST}; anything but "
+                             "loopback needs a token)")
+    parser.add_argument("--port", type=port, default=DEFAULT_PORT,
+                        help=f"dashboard port (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--token",
+                        help=f"dashboard access token (default: ${TOKEN_ENV}); needed off loopback")
+
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    parser = _command(
+        commands, "serve", "dashboard.commands.serve:run",
+        help="serve the dashboard, its JSON API and /metrics",
+        description="Serve the dashboard (pages, JSON API under /api, /metrics, /healthz) for a database.",
+    )
+    parser.add_argument("--db", metavar="URL", help=DB_HELP)
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"address to bind (default {DEFAULT_HOST}; anything but loopback needs a token)")
+    parser.add_argument("--port", type=port, default=DEFAULT_PORT,
+                        help=f"port (default {DEFAULT_PORT}; 0 picks a free one and prints it)")
+    parser.add_argument("--token",
+                        help=f"access token for every page, API call and scrape (default: ${TOKEN_ENV})")
+    parser.add_argument("--get", metavar="PATH",
+                        help="answer one request in-process, print the body and exit (non-zero for an error "
+                             "status): a smoke test, e.g. --get /api/summary")
+
+
+def _add_report(commands: argparse._SubParsersAction) -> None:
+    parser = _command(
+        commands, "report", "inspector.commands.report:run",
+        help="report recorded runs and violations (exit 0 clean, 1 violations, 2 errors)",
+        description=(
+            "Read the inspector's database and report every run and every violation (address drift, "
+            "unexpected capture). Exits 0 when clean, 1 when violations were found, 2 on usage or "
+            "database errors, so a CI step fails on violations."
+        ),
+    )
+    parser.add_argument("--db", metavar="URL", help=DB_HELP)
+    parser.add_argument("--run", metavar="ID", type=int, help="report one run (default: every run)")
+    parser.add_argument("--format", choices=REPORT_FORMATS, default="text",
+                        help="output format (default: text)")
+    parser.add_argument("--output", metavar="PATH", help="write the report to PATH instead of stdout")
+
+
+def _add_watch(commands: argparse._SubParsersAction) -> None:
+    parser = _command(
+        commands, "watch", "inspector.commands.watch:run",
+        help="run a command and record the CUDA graphs it captures and replays",
+        description=(
+            "Run COMMAND with hooks on torch.cuda.CUDAGraph (and torch.cuda.graph, "
+            "make_graphed_callables, torch.compile's cudagraph trees) in every Python process it "
+            "starts, and record its graphs, replays, unexpected captures, re-recording storms and "
+            "torch.compile's skips and re-records (with their reasons) into the database. The "
+            "program runs as it would unwatched: no logger level or setting of torch is changed. "
+            "Put the command after '--'. Exits with the command's status."
+        ),
+        epilog="example: graph-inspector watch --ready-after 1000 -- python serve.py --model llama",
+    )
+    parser.add_argument("--db", metavar="URL", help=DB_HELP)
+    parser.add_argument("--ready-after", type=int, metavar="N", default=None,
+                        help="count a process as started up after N replays with no new capture; every "
+                             "later capture is recorded as an unexpected capture, with its stack")
+    parser.add_argument("--storm-threshold", type=int, metavar="K", default=3,
+                        help="captures at one call site, once its graphs are in use, that make a "
+                             "re-recording storm (default 3)")
+    parser.add_argument("--storm-window", type=float, metavar="SECONDS", default=60.0,
+                        help="the window those captures must fall in (default 60)")
+    parser.add_argument("--label", default=None,
+                        help="the runs' label on the dashboard (default: 'watch' and the script name)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help="the command to run, e.g. -- python their_script.py --flag")
+
+
+def _add_db(commands: argparse._SubParsersAction) -> None:
+    parser = _command(
+        commands, "db", None,
+        help="create or upgrade the database, or show its schema revision",
+        description="Manage the inspector's database schema (Alembic migrations, run in-process).",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    upgrade = _command(actions, "upgrade", "inspector.commands.db:run_upgrade",
+                       help="create the database or upgrade it to the newest schema",
+                       description="Create the database, or upgrade it to the newest schema revision.")
+    upgrade.add_argument("--db", metavar="URL", help=DB_HELP)
+    current = _command(actions, "current", "inspector.commands.db:run_current",
+                       help="show the database's schema revision and the newest one (exit 1 when behind)",
+                       description="Show the database's schema revision and the newest; exit 1 when it is "
+                                   "behind (run `graph-inspector db upgrade`).")
+    current.add_argument("--db", metavar="URL", help=DB_HELP)
+
+
+# ---------------------------------------------------------------------------------- value types
+
+
+def bounded(convert: Callable[[str], Number], noun: str, low: Number, high: int,
+            *, above_low: bool = False) -> Callable[[str], Number]:
+    """An argparse type: ``convert(text)`` (``int`` or ``float``) within ``low..high``.
+
+    ``above_low`` excludes ``low`` itself; not-a-number and infinities are refused.
+    """
+
+    def parse(text: str) -> Number:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {noun}, got {text!r}") from None
+        inside = (low < value if above_low else low <= value) and value <= high  # NaN fails both
+        if not inside:
+            lowest = f"above {low:,}" if above_low else f"between {low:,}"
+            raise argparse.ArgumentTypeError(f"must be {lowest} and {'at most ' if above_low else ''}"
+                                             f"{high:,}, got {text}")
+        return value
+
+    return parse
+
+
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    return bounded(int, "a whole number", low, high)
+
+
+port = bounded(int, "a port number", 0, 65535)
+speedup = bounded(float, "a number", 0, demo.MAX_SPEEDUP, above_low=True)
 
 
 def _version() -> str:

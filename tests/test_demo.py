@@ -343,9 +343,11 @@ def test_the_demo_s_mixed_steps_give_the_eager_model_s_logits_step_after_step() 
         load_trace,
     )
     from capture_core.runtime import GraphRuntime
-    from dashboard.commands.demo import _MixedInputs, _shorter_prompts, _token_budget
+    from dashboard.demo.options import token_budget
+    from dashboard.demo.traffic import MixedFeed
+    from dashboard.demo.workload import shorter_prompts
 
-    budget = _token_budget(16)
+    budget = token_budget(16)
     config = ModelConfig.tiny(max_num_seqs=16, max_seq_len=budget)  # short rows: long requests start over
     model = ReferenceDecoder(config, seed=3)
     sizes = [1, 2, 4, 8, 12, 16, 18]  # 19 and 20 tokens run eagerly
@@ -353,10 +355,11 @@ def test_the_demo_s_mixed_steps_give_the_eager_model_s_logits_step_after_step() 
     runner.capture()
     traffic = TrafficConfig(max_num_seqs=16, speedup=0.5, seed=2, warmup_steps=50, chunked_prefill=True,
                             max_num_batched_tokens=budget)
-    inputs = _MixedInputs(runner)
+    inputs = MixedFeed(runner)
     served = set()
-    for step in ContinuousBatchScheduler(_shorter_prompts(load_trace()), traffic).take(60):
-        batch, rows, sampled = inputs.batch(step)
+    for step in ContinuousBatchScheduler(shorter_prompts(load_trace()), traffic).take(60):
+        prepared = inputs.prepare(step)
+        batch, rows, sampled = prepared.batch, prepared.rows, prepared.sampled
         meta = batch.attn_metadata
         assert batch.num_tokens == step.num_real_tokens and int(batch.positions.max()) < config.max_seq_len
         assert len(rows) == step.num_decode_tokens + sum(chunk.final for chunk in step.prefill_chunks)
@@ -365,6 +368,6 @@ def test_the_demo_s_mixed_steps_give_the_eager_model_s_logits_step_after_step() 
         logits = runner.step(batch.input_ids, batch.positions, batch.slot_ids, meta)
         torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
         served.add(runner.route(meta).mode)
-        inputs.update(logits, rows, sampled)
+        inputs.update(prepared, logits)
         assert [inputs.next_token[slot] for slot in sampled] == expected[rows].argmax(-1).tolist()
     assert served == {CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE}, served

@@ -21,25 +21,6 @@ DEFAULT_PORT = 8050
 THREADS = 8
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "serve",
-        help="serve the dashboard, its JSON API and /metrics",
-        description="Serve the dashboard (pages, JSON API under /api, /metrics, /healthz) for a database.",
-    )
-    parser.add_argument("--db", metavar="URL", help="database URL (default: $GRAPH_INSPECTOR_DB, else "
-                        "sqlite:///graph-inspector.db)")
-    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; "
-                        "anything but loopback needs a token)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help=f"port (default {DEFAULT_PORT}; 0 picks a free one and prints it)")
-    parser.add_argument("--token", help=f"access token for every page, API call and scrape (default: "
-                        f"${TOKEN_ENV})")
-    parser.add_argument("--get", metavar="PATH", help="answer one request in-process, print the body and "
-                        "exit (non-zero for an error status): a smoke test, e.g. --get /api/summary")
-    parser.set_defaults(func=run)
-
-
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -60,8 +41,6 @@ def run(args: argparse.Namespace) -> int:
             f"refusing to serve on {args.host} without an access token: the dashboard shows stack traces "
             f"and memory addresses. Pass --token (or set {TOKEN_ENV}), or bind to {DEFAULT_HOST}."
         )
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
     from dashboard.app import create_app
 
     app = create_app(args.db, token=token)

@@ -9,27 +9,6 @@ from pathlib import Path
 FORMATS = ("text", "json", "junit")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "report",
-        help="report recorded runs and violations (exit 0 clean, 1 violations, 2 errors)",
-        description=(
-            "Read the inspector's database and report every run and every violation (address drift, "
-            "unexpected capture). Exits 0 when clean, 1 when violations were found, 2 on usage or "
-            "database errors, so a CI step fails on violations."
-        ),
-    )
-    parser.add_argument(
-        "--db",
-        metavar="URL",
-        help="database URL (default: $GRAPH_INSPECTOR_DB, else sqlite:///graph-inspector.db)",
-    )
-    parser.add_argument("--run", metavar="ID", type=int, help="report one run (default: every run)")
-    parser.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
-    parser.add_argument("--output", metavar="PATH", help="write the report to PATH instead of stdout")
-    parser.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     from inspector.errors import UsageError
     from inspector.report import build_report, render

@@ -16,62 +16,6 @@ import subprocess
 import sys
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "watch",
-        help="run a command and record the CUDA graphs it captures and replays",
-        description=(
-            "Run COMMAND with hooks on torch.cuda.CUDAGraph (and torch.cuda.graph, "
-            "make_graphed_callables, torch.compile's cudagraph trees) in every Python process it "
-            "starts, and record its graphs, replays, unexpected captures, re-recording storms and "
-            "torch.compile's skips and re-records (with their reasons) into the database. The "
-            "program runs as it would unwatched: no logger level or setting of torch is changed. "
-            "Put the command after '--'."
-        ),
-        epilog="example: graph-inspector watch --ready-after 1000 -- python serve.py --model llama",
-    )
-    parser.add_argument(
-        "--db",
-        metavar="URL",
-        help="database URL (default: $GRAPH_INSPECTOR_DB, else sqlite:///graph-inspector.db)",
-    )
-    parser.add_argument(
-        "--ready-after",
-        type=int,
-        metavar="N",
-        default=None,
-        help="count a process as started up after N replays with no new capture; every "
-        "later capture is recorded as an unexpected capture, with its stack",
-    )
-    parser.add_argument(
-        "--storm-threshold",
-        type=int,
-        metavar="K",
-        default=3,
-        help="captures at one call site, once its graphs are in use, that make a "
-        "re-recording storm (default 3)",
-    )
-    parser.add_argument(
-        "--storm-window",
-        type=float,
-        metavar="SECONDS",
-        default=60.0,
-        help="the window those captures must fall in (default 60)",
-    )
-    parser.add_argument(
-        "--label",
-        default=None,
-        help="the runs' label on the dashboard (default: 'watch' and the script name)",
-    )
-    parser.add_argument(
-        "command",
-        nargs=argparse.REMAINDER,
-        metavar="-- COMMAND ...",
-        help="the command to run, e.g. -- python their_script.py --flag",
-    )
-    parser.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     from inspector.errors import UsageError
     from inspector.store import open_store, resolve_url
