@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from dashboard.commands.serve import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV
 from dashboard.demo import options as demo
@@ -23,8 +23,15 @@ Number = TypeVar("Number", int, float)
 DB_HELP = "database URL (default: $GRAPH_INSPECTOR_DB, else sqlite:///graph-inspector.db)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line that names the command and where its help is, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="graph-inspector",
         description=(
             "A CUDA-graph cache for LLM decoding and the daemon that inspects it: what the graph "
@@ -102,7 +109,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
                         help="exit after the summary instead of serving the dashboard")
     parser.add_argument("--no-faults", action="store_true",
                         help="do not plant the injected address drift and unexpected capture")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=whole_number(0, demo.MAX_SEED), default=0,
                         help="seed: where in the trace the traffic starts, and the model's weights "
                              "(default 0)")
     parser.add_argument("--backend", choices=demo.BACKENDS, default="auto",

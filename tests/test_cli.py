@@ -102,6 +102,7 @@ def test_a_bad_command_line_exits_2_with_one_clear_message_and_no_traceback(argv
     result = cli(*argv)
     assert result.returncode == 2, result.stderr
     assert "error:" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "--help)" in result.stderr, "one line, naming the help"
     assert result.stdout == ""
 
 

@@ -1,8 +1,8 @@
 """`graph-inspector demo` end to end, as a user runs it: a real subprocess into a real SQLite file.
 
-By default the demo serves mixed prefill/decode steps under FULL_AND_PIECEWISE; ``--mode
-full_decode_only`` is the original decode-only demo, pinned here to what it printed before the
-mixed path existed.
+By default the demo serves mixed prefill/decode steps under FULL_AND_PIECEWISE, from a cold start
+whose traffic ramps up, so every capture size is met; ``--mode full_decode_only`` is the original
+decode-only demo, pinned here to what it printed before the mixed path existed.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def explain(result: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture(scope="module")
 def faulted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The default demo (300 steps), as `graph-inspector demo` runs it, but not served."""
     db = tmp_path_factory.mktemp("demo") / "demo.db"
-    result = run_demo("--no-serve", "--steps", "60", "--backend", "eager", "--db", f"sqlite:///{db}")
+    result = run_demo("--no-serve", "--backend", "eager", "--db", f"sqlite:///{db}")
     assert result.returncode == 0, explain(result)
     return db, result
 
@@ -69,7 +70,7 @@ def test_demo_records_full_and_piecewise_graphs_replays_and_the_two_injected_fau
                      "WHERE num_real_tokens > 256")[0][0]
     eager = rows(db, "SELECT reason, SUM(batches) FROM eager_fallbacks GROUP BY reason")
     assert eager == ([("above_max_capture_size", above)] if above else [])
-    assert sum(replays.values()) + above == 60
+    assert sum(replays.values()) + above == 300
     violations = rows(db, "SELECT kind, injected FROM violations ORDER BY kind")
     assert violations == [("address_drift", 1), ("unexpected_capture", 1)]
     run = rows(db, "SELECT backend, ended_at, config FROM runs")
@@ -78,11 +79,21 @@ def test_demo_records_full_and_piecewise_graphs_replays_and_the_two_injected_fau
 
 
 @pytest.mark.slow
-def test_the_warm_start_moves_the_token_count_from_the_first_step(faulted_run) -> None:
-    db, _ = faulted_run
+def test_the_cold_start_ramps_through_every_capture_size_and_says_so(faulted_run) -> None:
+    db, result = faulted_run
     sizes = rows(db, "SELECT num_real_tokens, batches FROM batch_size_counts")
-    assert min(n for n, _ in sizes) > 50, "an engine already busy: no cold ramp from one request"
+    assert min(n for n, _ in sizes) == 1 and max(n for n, _ in sizes) > 256, "from one request to bursts"
     assert len(sizes) > 20, f"the token count should move from step to step: {sizes}"
+    met = rows(db, "SELECT DISTINCT captured_size FROM replay_windows WHERE replays > 0 "
+                   "ORDER BY captured_size")
+    assert [n for (n,) in met] == POW2_256, "every capture size replays"
+    replayed = rows(db, "SELECT COUNT(*) FROM (SELECT DISTINCT mode, captured_size FROM replay_windows "
+                        "WHERE replays > 0)")[0][0]
+    started = rows(db, "SELECT COUNT(*) FROM graphs WHERE NOT unexpected")[0][0]
+    assert (replayed, started) == (13, 18)
+    line = ("graphs replayed   13 of 18 captured at start-up, every capture size met "
+            "(never replayed: full 256; piecewise 1, 2, 4, 8)")
+    assert line in result.stdout, result.stdout
 
 
 @pytest.mark.slow
@@ -91,7 +102,8 @@ def test_demo_says_which_backend_and_prints_a_summary(faulted_run) -> None:
     out = result.stdout
     assert "eager backend" in out
     for word in ("graphs", "full: 10", "piecewise: 9", "hit ratio", "padding waste", "fallbacks",
-                 "violations", "injected faults", "chunked prefill", "with prompt chunks"):
+                 "violations", "injected faults", "chunked prefill", "with prompt chunks", "a cold start",
+                 "graphs replayed"):
         assert word in out, f"summary lacks {word!r}:\n{out}"
     assert "Traceback" not in result.stderr
 
@@ -142,14 +154,20 @@ def test_debug_checks_raise_on_the_injected_drift_and_the_demo_still_finishes(tm
         (["--mode", "fastest"], "--mode"),
         (["--max-batch", "2000", "--steps", "1"], "--max-batch 2000"),
         (["--ubatch"], "--ubatch micro-batches decode steps; use it with --mode full_decode_only"),
+        (["--seed", "-1"], "--seed"),
+        (["--seed", str(2**64)], "--seed"),
+        (["--trace", "missing.csv"], "--trace: missing.csv: trace file not found"),
+        (["--trace", "."], "--trace: .: cannot read the trace"),
     ],
 )
-def test_bad_arguments_exit_2_without_a_traceback(tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_arguments_exit_2_in_one_line_before_the_database_is_created(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     db = tmp_path / "never.db"
     result = run_demo("--no-serve", *args, "--db", f"sqlite:///{db}", timeout=60)
     assert result.returncode == 2, explain(result)
     assert message in result.stderr
-    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
     assert not db.exists(), "refused before the database is created"
 
 
@@ -228,6 +246,7 @@ def test_a_malformed_trace_exits_2_naming_the_file_and_line(tmp_path: Path) -> N
     assert result.returncode == 2, explain(result)
     assert f"--trace: {trace}: line 2: GeneratedTokens must be an integer" in result.stderr
     assert "Traceback" not in result.stderr
+    assert not db.exists(), "an unusable trace leaves no empty database behind"
 
 
 @pytest.mark.slow

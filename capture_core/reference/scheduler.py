@@ -30,7 +30,9 @@ class TrafficConfig:
     steady-state batch is about arrival rate x mean generation length x that product, which is how
     a speedup reaches large batches from a modest trace. ``seed`` picks where in the trace the
     replay starts; ``warmup_steps`` are simulated but not yielded, so the first yielded step meets
-    an already busy engine instead of an empty one.
+    an already busy engine instead of an empty one. ``ramp_steps`` does the opposite: the replay
+    speed climbs linearly from 0 to ``speedup`` over that many steps, so a cold engine meets a few
+    requests first and then more, and its batches grow through every size on the way.
     """
 
     max_num_seqs: int = 256
@@ -42,6 +44,8 @@ class TrafficConfig:
     """Prefill prompts as chunks in the same steps as decodes (mixed batches)."""
     max_num_batched_tokens: int = 2048
     """Token budget of one step (decodes first, then prefill chunks); used with chunked_prefill."""
+    ramp_steps: int = 0
+    """Steps over which the replay speed climbs linearly from 0 to ``speedup`` (0: no ramp)."""
 
     def __post_init__(self) -> None:
         seqs = self.max_num_seqs
@@ -52,13 +56,29 @@ class TrafficConfig:
         if not (isinstance(self.step_seconds, int | float) and math.isfinite(self.step_seconds)
                 and self.step_seconds > 0):
             raise ValueError(f"step_seconds must be a positive number, got {self.step_seconds!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
+        for name in ("warmup_steps", "ramp_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
                 f"({self.max_num_seqs}), so that every running request can decode in each step"
             )
+
+    def trace_seconds(self, engine_s: float) -> float:
+        """Seconds of the trace replayed in the first ``engine_s`` engine seconds (the speed's integral)."""
+        ramp_s = self.ramp_steps * self.step_seconds
+        if engine_s < ramp_s:
+            return self.speedup * engine_s * engine_s / (2 * ramp_s)
+        return self.speedup * (engine_s - ramp_s / 2)
+
+    def engine_seconds(self, trace_s: float) -> float:
+        """The engine time at which ``trace_s`` seconds of the trace have been replayed."""
+        ramp_s = self.ramp_steps * self.step_seconds
+        if trace_s < self.speedup * ramp_s / 2:
+            return math.sqrt(2 * ramp_s * trace_s / self.speedup)
+        return trace_s / self.speedup + ramp_s / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +254,6 @@ class ContinuousBatchScheduler:
     def _arrivals(self) -> Iterator[_Arrival]:
         """Trace requests from the seeded offset on, looping, in engine seconds since the start."""
         requests, period, offset = self.trace.requests, self.trace.period_s, self.start_offset_s
-        speedup = self.config.speedup
         request_id, lap, index = 0, 0, self._first_index
         while True:
             if index == len(requests):
@@ -243,7 +262,7 @@ class ContinuousBatchScheduler:
             trace_s = request.arrival_s + lap * period - offset
             if trace_s < 0:  # before the offset on the first lap: comes round on the next lap
                 trace_s += period
-            yield _Arrival(trace_s / speedup, request_id, request)
+            yield _Arrival(self.config.engine_seconds(trace_s), request_id, request)
             request_id += 1
             index += 1
 
@@ -261,7 +280,7 @@ class ContinuousBatchScheduler:
             chunks = engine.prefill(len(decoding), finished) if cfg.chunked_prefill else []
             step = Step(
                 index=simulated - cfg.warmup_steps,
-                trace_time_s=(self.start_offset_s + now * cfg.speedup) % period,
+                trace_time_s=(self.start_offset_s + cfg.trace_seconds(now)) % period,
                 decode_request_ids=tuple(r.request_id for r in decoding),
                 decode_slots=tuple(r.slot for r in decoding),
                 decode_positions=tuple(r.context_tokens + r.decoded - 1 for r in decoding),

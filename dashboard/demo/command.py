@@ -10,13 +10,14 @@ def run(args: argparse.Namespace) -> int:
     from inspector.recorder import Recorder
     from inspector.store import open_store, resolve_url
 
+    # Everything a user can get wrong is refused before the database is created or touched.
     options.check(args)
+    trace = workload.load_traffic(args)
     backend = workload.choose_backend(args.backend)
-    model_config, model_name = workload.model_config(args, backend)  # fails before the database is touched
+    model_config, model_name = workload.model_config(args, backend)
     url = resolve_url(args.db)
     store = open_store(url, upgrade=True)  # a bad or unwritable database fails here, before any work
     try:
-        trace = workload.load_traffic(args)
         runner = workload.build_runner(args, backend, model_config)
         config = workload.run_config(args, backend, model_name, runner, trace)
         recorder = Recorder(url, label="demo", config=config)

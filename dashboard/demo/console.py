@@ -11,7 +11,7 @@ import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from dashboard.demo.options import PROMPT_SCALE, WARMUP_STEPS, is_decode_only, token_budget
+from dashboard.demo.options import PROMPT_SCALE, RAMP_STEPS, is_decode_only, token_budget
 from dashboard.demo.workload import capture_sizes_of
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from dashboard.demo.workload import Runner
 
 MAX_LISTED_VIOLATIONS = 100
+MAX_LISTED_GRAPHS = 10_000
 
 
 def announce(backend: str, model_name: str, runner: Runner, trace: Trace, args: argparse.Namespace) -> None:
@@ -45,8 +46,8 @@ def announce(backend: str, model_name: str, runner: Runner, trace: Trace, args: 
           f"{args.max_batch} running, {args.speedup:g}x speed, seed {args.seed}")
     if not is_decode_only(args):
         print(f"  chunked prefill: prompts 1/{PROMPT_SCALE} of their traced length, up to "
-              f"{token_budget(args.max_batch)} tokens a step, from an engine already "
-              f"{WARMUP_STEPS} steps busy")
+              f"{token_budget(args.max_batch)} tokens a step; a cold start, the trace's speed ramping "
+              f"up to {args.speedup:g}x over the first {RAMP_STEPS} steps")
 
 
 def size_list(sizes: tuple[int, ...]) -> str:
@@ -81,12 +82,13 @@ def print_summary(store: Any, run_id: int, runner: Runner, result: DemoResult, u
     ubatched = getattr(runner, "ubatch_slices", {})
     if ubatched:
         split = sum(1 for n in result.batch_sizes if n <= runner.dispatcher.sizes.max_size
-                    and runner.route(n).descriptor.num_tokens in ubatched)
+                    and runner.route(n).descriptor.captured_size in ubatched)
         print(f"  micro-batched     {split} of {result.steps} steps ran as "
               f"{runner.ubatch.num_ubatches} micro-batches in one graph ({len(ubatched)} buckets)")
     if result.prefill_steps is not None:
         print(f"  step kinds        {result.steps - result.prefill_steps} decode only, "
               f"{result.prefill_steps} with prompt chunks")
+    _print_coverage(queries, run_id, capture_sizes_of(runner))
     batches = traffic["replays"] + traffic["eager_batches"]
     print(f"  replay hit ratio  {_percent(traffic['hit_ratio'])} of {batches} batches")
     print(f"  padding waste     {_percent(traffic['padding_waste'])} of the tokens the graphs computed")
@@ -96,6 +98,27 @@ def print_summary(store: Any, run_id: int, runner: Runner, result: DemoResult, u
     _print_violations(queries, run_id)
     _print_faults(result)
     print(f"  database          {url}")
+
+
+def _print_coverage(queries: Any, run_id: int, sizes: tuple[int, ...]) -> None:
+    """How much of the cache the traffic used: start-up graphs that replayed, capture sizes met."""
+    listed = queries.graphs(run_id=run_id, sort="size", per_page=MAX_LISTED_GRAPHS).items
+    graphs = [(g["mode"], g["descriptor"]["captured_size"], g["traffic"]["replays"]) for g in listed
+              if not g["unexpected"]]
+    if not graphs:
+        return
+    met = {size for _, size, replays in graphs if replays}
+    idle: dict[str, list[int]] = {}
+    for mode, size, replays in graphs:
+        if not replays:
+            idle.setdefault(mode, []).append(size)
+    replayed = len(graphs) - sum(map(len, idle.values()))
+    line = f"  graphs replayed   {replayed} of {len(graphs)} captured at start-up, "
+    line += "every capture size met" if met >= set(sizes) else f"{len(met)} of {len(sizes)} capture sizes met"
+    if idle:
+        never = "; ".join(f"{mode} {size_list(tuple(idle[mode]))}" for mode in sorted(idle))
+        line += f" (never replayed: {never})"
+    print(line)
 
 
 def _print_violations(queries: Any, run_id: int) -> None:

@@ -25,9 +25,11 @@ MIXED_SPEEDUP = 6.0
 decode only (FULL), a third carry prompt chunks under the largest capture size (PIECEWISE) and a
 few bursts go above it (eager). At 10x the decodes alone fill most of the 256 tokens and most mixed
 steps run eagerly; measured on the packaged trace with seeds 0 and 1."""
-WARMUP_STEPS = 1000
-"""Engine steps simulated (not run) before the first recorded one: long enough for the running set
-to reach its steady state, so the first recorded step already looks like production."""
+RAMP_STEPS = 200
+"""Mixed modes start cold and the trace's speed climbs from 0 to full over the first 200 steps, so
+the batch grows from one request through every capture size before the steady state of the last
+third of the default run (with seed 0 every one of the 9 sizes replays; without the ramp size 1 is
+never met, and a busy start meets only 137..320 tokens: 2 of 19 graphs)."""
 PROMPT_SCALE = 16
 """Mixed modes feed prompts 16x shorter than the trace's (mean ~1,150 tokens becomes ~72). At full
 length prompt chunks fill every step's token budget, so each step would hold exactly the budget and
@@ -45,6 +47,7 @@ MAX_STEPS = 1_000_000
 MAX_SPEEDUP = 1000
 """Far beyond saturation every step only lengthens the queue, by ~0.1 x speedup requests."""
 MAX_BATCH_LIMIT = 4096
+MAX_SEED = 2**32 - 1
 
 
 def token_budget(max_batch: int) -> int:

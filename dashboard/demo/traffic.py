@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dashboard.demo.options import STEP_SECONDS, WARMUP_STEPS, is_decode_only, token_budget
+from dashboard.demo.options import RAMP_STEPS, STEP_SECONDS, is_decode_only, token_budget
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +69,7 @@ def traffic_config(args: argparse.Namespace) -> TrafficConfig:
               "seed": args.seed}
     if is_decode_only(args):
         return TrafficConfig(**common)
-    return TrafficConfig(**common, warmup_steps=WARMUP_STEPS, chunked_prefill=True,
+    return TrafficConfig(**common, ramp_steps=RAMP_STEPS, chunked_prefill=True,
                          max_num_batched_tokens=token_budget(args.max_batch))
 
 
@@ -214,9 +214,9 @@ class MixedStep:
 class MixedFeed(_SlotOwners):
     """Token ids, positions and KV rows for mixed steps: greedy decoding per KV slot.
 
-    A request joining mid-flight (the engine was busy before the first recorded step) or a new one
-    starts its slot's row afresh. Prompt tokens are stand-ins derived from the request and position;
-    the last prompt chunk's logits give the first generated token, each decode feeds back its own.
+    A request new to its slot starts the slot's row afresh. Prompt tokens are stand-ins derived
+    from the request and position; the last prompt chunk's logits give the first generated token,
+    each decode feeds back its own.
     A request whose context outgrows the model's row starts the row over (it keeps its later
     tokens' positions in range), as the decode-only demo wraps its positions.
     """

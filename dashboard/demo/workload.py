@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from dashboard.demo.options import (
     DECODE_ONLY_MODE,
     PROMPT_SCALE,
+    RAMP_STEPS,
     STEP_SECONDS,
     TINY_MAX_BATCH_MIXED,
     TINY_MAX_SEQ_LEN,
-    WARMUP_STEPS,
     is_decode_only,
     token_budget,
 )
@@ -140,7 +140,7 @@ def run_config(args: argparse.Namespace, backend: str, model_name: str, runner: 
                                "step_seconds": STEP_SECONDS, "faults_injected": not args.no_faults}
     if not is_decode_only(args):
         traffic.update(chunked_prefill=True, max_num_batched_tokens=token_budget(args.max_batch),
-                       warmup_steps=WARMUP_STEPS, prompt_scale=f"1/{PROMPT_SCALE}")
+                       ramp_steps=RAMP_STEPS, prompt_scale=f"1/{PROMPT_SCALE}")
     return {
         "job": "demo",
         "backend": backend,

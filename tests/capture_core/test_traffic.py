@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 
@@ -133,6 +134,33 @@ def test_idle_engine_jumps_to_the_next_arrival(trace: Trace) -> None:
     assert [s.index for s in steps] == list(range(200))
 
 
+def test_a_ramp_speeds_the_replay_up_from_zero_to_full_speed_and_stays_there() -> None:
+    config = TrafficConfig(speedup=6, step_seconds=0.02, ramp_steps=200)  # a 4-second ramp
+    speed = [(config.trace_seconds(t + 1e-6) - config.trace_seconds(t)) / 1e-6 for t in (0, 2, 4, 8)]
+    assert speed == pytest.approx([0, 3, 6, 6], abs=1e-3)
+    for engine_s in (0.0, 0.3, 3.99, 4.0, 4.01, 100.0):
+        assert config.engine_seconds(config.trace_seconds(engine_s)) == pytest.approx(engine_s, abs=1e-9)
+    assert config.trace_seconds(100) == pytest.approx(6 * 98)  # half the ramp's time is lost once
+    flat = TrafficConfig(speedup=6)
+    assert [flat.engine_seconds(t) for t in (0, 6, 60)] == [0, 1, 10]  # no ramp: the plain speedup
+
+
+def test_a_ramped_cold_start_meets_the_same_requests_later_and_then_the_full_rate(trace: Trace) -> None:
+    base = {"speedup": 6.0, "chunked_prefill": True, "max_num_batched_tokens": 320}
+    ramped = ContinuousBatchScheduler(trace, TrafficConfig(**base, ramp_steps=200)).take(400)
+    flat = ContinuousBatchScheduler(trace, TrafficConfig(**base)).take(400)
+    admitted = [dict.fromkeys(c.request_id for s in steps for c in s.prefill_chunks)
+                for steps in (ramped, flat)]
+    assert list(admitted[0]) == list(admitted[1])[: len(admitted[0])], "the same requests, in order"
+    assert len(admitted[0]) < len(admitted[1])
+    early = [sum(s.num_real_tokens for s in steps[:100]) / 100 for steps in (ramped, flat)]
+    assert early[0] < early[1] / 2, early
+    first = ramped[0]
+    assert len(first.prefill_chunks) == 1 and not first.decode_request_ids, "a cold start: one request"
+    after = [b.trace_time_s - a.trace_time_s for a, b in itertools.pairwise(ramped[250:])]
+    assert after == pytest.approx([6 * 0.02] * len(after)), "past the ramp, the full speed"
+
+
 def test_replay_loops_past_the_end_of_the_trace() -> None:
     tiny = Trace((TraceRequest(0.0, 4, 2), TraceRequest(1.0, 4, 3)), "tiny")
     steps = ContinuousBatchScheduler(tiny, TrafficConfig(step_seconds=0.25)).take(50)
@@ -208,6 +236,8 @@ def test_missing_and_binary_trace_files(tmp_path: Path) -> None:
         {"speedup": float("nan")},
         {"step_seconds": -1},
         {"warmup_steps": -1},
+        {"ramp_steps": -1},
+        {"ramp_steps": 2.5},
         {"chunked_prefill": True, "max_num_seqs": 256, "max_num_batched_tokens": 100},
     ],
 )

@@ -30,6 +30,7 @@ configs = st.builds(
     seed=st.integers(0, 1000),
     chunked_prefill=st.booleans(),
     max_num_batched_tokens=st.integers(8, 48),
+    ramp_steps=st.sampled_from([0, 0, 7, 50]),
 )
 
 
