@@ -17,6 +17,7 @@ from typing import NoReturn, TypeVar
 
 from dashboard.commands.serve import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV
 from dashboard.demo import options as demo
+from inspector.commands.advise import PACKAGED_TRACE
 from inspector.commands.report import FORMATS as REPORT_FORMATS
 
 Number = TypeVar("Number", int, float)
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(commands)
     _add_serve(commands)
     _add_report(commands)
+    _add_advise(commands)
     _add_watch(commands)
     _add_db(commands)
     return parser
@@ -181,6 +183,51 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--format", choices=REPORT_FORMATS, default="text",
                         help="output format (default: text)")
     parser.add_argument("--output", metavar="PATH", help="write the report to PATH instead of stdout")
+
+
+def _add_advise(commands: argparse._SubParsersAction) -> None:
+    parser = _command(
+        commands, "advise", "inspector.commands.advise:run",
+        help="advise the capture sizes your traffic wants, and print the lines to paste into an engine",
+        description=(
+            "Find the capture sizes that minimise padding over your traffic's batch-size histogram "
+            "(exactly: every batch, under a number of graphs), compare them with the current sizes "
+            "on the same histogram, and print the configuration for vLLM, SGLang, TensorRT-LLM and "
+            "capture_core. The traffic is a trace of requests replayed through continuous batching."
+        ),
+        epilog="example: graph-inspector advise --trace --speedup 8 --max-graphs 16",
+    )
+    traffic = parser.add_argument_group("traffic")
+    traffic.add_argument("--trace", nargs="?", const=PACKAGED_TRACE, required=True, metavar="CSV",
+                         help="a CSV of TIMESTAMP,ContextTokens,GeneratedTokens per request, replayed "
+                              "through continuous batching (no path: the packaged Azure conversation trace)")
+    traffic.add_argument("--steps", type=whole_number(1, demo.MAX_STEPS), default=20_000, metavar="N",
+                         help="scheduler steps to replay (default 20,000)")
+    traffic.add_argument("--speedup", type=speedup, default=1.0, metavar="X",
+                         help="replay the trace X times faster than recorded (default 1: as it came)")
+    traffic.add_argument("--max-num-seqs", type=whole_number(1, demo.MAX_BATCH_LIMIT), default=256,
+                         metavar="N",
+                         help="most requests running at once, the engine's largest batch (default 256)")
+    traffic.add_argument("--seed", type=whole_number(0, demo.MAX_SEED), default=0,
+                         help="where in the trace the replay starts (default 0)")
+    limits = parser.add_argument_group("what the advice may use")
+    limits.add_argument("--max-graphs", type=whole_number(1, demo.MAX_BATCH_LIMIT), metavar="K",
+                        help="at most K capture sizes (default: as many as --current has)")
+    limits.add_argument("--capture-time-budget", type=bounded(float, "seconds", 0, 86_400, above_low=True),
+                        metavar="SECONDS", help="at most this much capture time at start-up")
+    limits.add_argument("--memory-budget", type=bounded(float, "MiB", 0, 2**30, above_low=True),
+                        metavar="MIB", help="at most this much graph pool memory")
+    limits.add_argument("--max-size", type=whole_number(1, demo.MAX_BATCH_LIMIT), metavar="N",
+                        help="the largest size to capture (default: the largest batch observed, so nothing "
+                             "runs eagerly that did not)")
+    parser.add_argument("--current", default="vllm", metavar="SIZES",
+                        help="the configuration to compare with: pow2, vllm (their lists up to the largest "
+                             "batch) or sizes such as 1,2,4,8 (default vllm)")
+    parser.add_argument("--step-times", metavar="CSV",
+                        help="weigh padding by measured step time: a CSV of size,seconds rows (padding at "
+                             "a size that is cheap to run costs little)")
+    parser.add_argument("--format", choices=("text", "json"), default="text",
+                        help="output format (default text)")
 
 
 def _add_watch(commands: argparse._SubParsersAction) -> None:

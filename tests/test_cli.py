@@ -15,7 +15,9 @@ import pytest
 from dashboard.cli import _load, build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
-COMMANDS = {"demo", "serve", "report", "watch", "db upgrade", "db current"}
+COMMANDS = {"demo", "serve", "report", "advise", "watch", "db upgrade", "db current"}
+WORK = ("dashboard.demo.", "inspector.commands.watch", "inspector.advice")
+"""Modules that do a command's work: `--help` needs none of them."""
 HEAVY = ("torch", "numpy", "flask", "sqlalchemy", "alembic", "waitress", "prometheus_client", "tqdm")
 
 
@@ -74,8 +76,7 @@ def test_help_of_every_command_answers_without_loading_torch_flask_or_the_databa
         "    except SystemExit as exit:\n"
         "        codes[words] = exit.code\n"
         f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"
-        "work = sorted(m for m in sys.modules\n"
-        "              if m.startswith(('dashboard.demo.', 'inspector.commands.watch')))\n"
+        f"work = sorted(m for m in sys.modules if m.startswith({WORK!r}))\n"
         "print(json.dumps({'codes': codes, 'heavy': heavy, 'work': work}))\n"
     )
     words = ["", *sorted(COMMANDS), "db"]

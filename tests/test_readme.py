@@ -40,3 +40,17 @@ def test_the_metrics_table_is_the_exported_one() -> None:
     from inspector.metrics import metrics_table_markdown
 
     assert metrics_table_markdown() in README
+
+
+def test_the_advise_run_shown_is_what_the_command_prints() -> None:
+    import os
+    import subprocess
+    import sys
+
+    shown_run = r"```bash\n(graph-inspector advise [^\n]*)\n```\n\n```text\n(.*?)```"
+    command, shown = re.findall(shown_run, README, re.S)[0]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "dashboard.cli", *command.split()[1:]], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown

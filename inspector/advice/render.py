@@ -1,0 +1,111 @@
+"""The advice as a person reads it (text), as a program reads it (JSON), and as engines take it.
+
+The engine lines are spelled as each engine's documentation spells them: vLLM's
+``--compilation-config`` JSON with ``cudagraph_capture_sizes``, SGLang's ``--cuda-graph-bs`` list,
+TensorRT-LLM's ``cuda_graph_config`` (YAML for ``--extra_llm_api_options``, with padding on so a
+batch replays the next size up), and ``capture_core``'s own ``sizes=``. For decode graphs a size
+is both a token count and a request count (one token per request); that is what the latter two call
+batch sizes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from inspector.advice.recommend import Advice
+from inspector.advice.sizes import Projection
+
+
+def config_lines(sizes: tuple[int, ...]) -> dict[str, str]:
+    """What to paste into each engine's configuration for ``sizes``."""
+    listed = ", ".join(map(str, sizes))
+    return {
+        "vllm": f"--compilation-config '{json.dumps({'cudagraph_capture_sizes': list(sizes)})}'",
+        "sglang": "--cuda-graph-bs " + " ".join(map(str, sizes)),
+        "tensorrt_llm": f"cuda_graph_config: {{enable_padding: true, batch_sizes: [{listed}]}}",
+        "capture_core": f"sizes=[{listed}]",
+    }
+
+
+ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "tensorrt_llm": "TensorRT-LLM", "capture_core": "capture_core"}
+
+
+def _projection(p: Projection, advice: Advice) -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        "capture_sizes": list(p.capture_sizes),
+        "graphs": len(p.capture_sizes),
+        "replays": p.replays,
+        "eager_batches": p.eager_batches,
+        "num_real_tokens": p.num_real_tokens,
+        "padding_tokens": p.padding_tokens,
+        "hit_ratio": p.hit_ratio,
+        "padding_waste": p.padding_waste,
+    }
+    if advice.costs is not None:
+        figures["capture_seconds"] = advice.costs.capture_seconds(p.capture_sizes)
+        figures["pool_bytes"] = round(advice.costs.pool_bytes(p.capture_sizes))
+    return figures
+
+
+def as_dict(advice: Advice) -> dict[str, Any]:
+    """The advice's JSON form (``advise --format json`` and ``/api/advice``)."""
+    h = advice.histogram
+    return {
+        "source": advice.source,
+        "histogram": {"batches": h.total, "distinct_sizes": len(h), "smallest": h.sizes[0],
+                      "largest": h.largest},
+        "max_size": advice.max_size,
+        "graphs": advice.graphs,
+        "bounded_by": advice.bounded_by,
+        "weighed_by_step_time": advice.weighed_by_step_time,
+        "current": _projection(advice.current, advice),
+        "advised": _projection(advice.advised, advice),
+        "curve": [{"graphs": len(p.capture_sizes), "padding_tokens": p.padding_tokens,
+                   "padding_waste": p.padding_waste} for p in advice.curve],
+        "cost_model": advice.costs.describe() if advice.costs is not None else None,
+        "config": config_lines(advice.sizes),
+    }
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+CURVE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def render_text(advice: Advice) -> str:
+    """The advice for a terminal: the sizes, current against advised, the curve, the lines to paste."""
+    h, now, new = advice.histogram, advice.current, advice.advised
+    lines = [
+        f"graph-inspector advise: {advice.graphs} capture sizes for {h.total:,} batches of "
+        f"{h.sizes[0]}..{h.largest} tokens ({len(h):,} distinct sizes) from {advice.source}",
+        f"  advised sizes    {', '.join(map(str, advice.sizes))}",
+        f"  graph count      {advice.graphs}, set by {advice.bounded_by}; every batch up to "
+        f"{advice.max_size} tokens replays",
+        f"  {'':<17}{f'current ({len(now.capture_sizes)} sizes)':<26}advised ({advice.graphs} sizes)",
+    ]
+    rows = [
+        ("padding waste", _percent(now.padding_waste), _percent(new.padding_waste)),
+        ("padding tokens", f"{now.padding_tokens:,}", f"{new.padding_tokens:,}"),
+        ("hit ratio", _percent(now.hit_ratio), _percent(new.hit_ratio)),
+        ("eager batches", f"{now.eager_batches:,}", f"{new.eager_batches:,}"),
+    ]
+    if advice.costs is not None:
+        costs = advice.costs
+        rows.append(("capture time", f"{costs.capture_seconds(now.capture_sizes):.2f} s",
+                     f"{costs.capture_seconds(new.capture_sizes):.2f} s"))
+        rows.append(("pool memory", f"{costs.pool_bytes(now.capture_sizes) / 2**20:.1f} MiB",
+                     f"{costs.pool_bytes(new.capture_sizes) / 2**20:.1f} MiB"))
+    lines += [f"  {name:<17}{old:<26}{advised}" for name, old, advised in rows]
+    points = [p for p in advice.curve if len(p.capture_sizes) in CURVE_POINTS or p is advice.curve[-1]]
+    curve = ", ".join(f"{len(p.capture_sizes)}: {_percent(p.padding_waste)}" for p in points)
+    lines.append(f"  waste by graphs  {curve}")
+    if advice.weighed_by_step_time:
+        lines.append("  (padding weighed by the measured step time per size, not counted in tokens)")
+    if advice.costs is not None:
+        lines += [f"  cost model       {line}" for line in advice.costs.describe()]
+    lines.append("paste:")
+    lines += [f"  {ENGINES[engine]:<15}{line}" for engine, line in config_lines(advice.sizes).items()]
+    return "\n".join(lines) + "\n"

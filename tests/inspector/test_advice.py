@@ -1,0 +1,176 @@
+"""The advice around the optimiser: cost models, budgets, the current configuration, what to paste."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inspector.advice.costs import MIB, CostModel, RecordedGraph, StepTimes
+from inspector.advice.recommend import advise
+from inspector.advice.render import as_dict, config_lines, render_text
+from inspector.advice.sizes import Histogram, best_choices, project
+from inspector.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+# A run as the H200 recorded it, in shape: the largest graph grows the shared pool, smaller ones
+# reuse it and add a little; FULL and piecewise graphs at each size.
+GRAPHS = [RecordedGraph(size, 0.25 + 0.001 * size, (600 * MIB if size == 256 else 2 * MIB) // 2)
+          for size in (1, 2, 4, 8, 16, 32, 64, 128, 256) for _mode in ("full", "piecewise")]
+HISTOGRAM = Histogram.from_counts({1: 5, 3: 40, 7: 30, 12: 100, 90: 20, 200: 60, 256: 4})
+
+
+def test_the_cost_model_reads_what_the_graphs_show() -> None:
+    costs = CostModel.fit(GRAPHS)
+    per_size = [2 * (0.25 + 0.001 * s) for s in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    assert costs.seconds_per_size == pytest.approx(sum(per_size) / 9)
+    assert costs.capture_seconds([1, 2, 256]) == pytest.approx(3 * costs.seconds_per_size)
+    pool = (costs.largest_size, costs.largest_pool_bytes, costs.pool_bytes_per_other_size)
+    assert pool == (256, 600 * MIB, 2 * MIB)
+    # One shared pool: memory follows the largest size, not the count.
+    assert costs.pool_bytes([256]) == 600 * MIB
+    assert costs.pool_bytes([128]) == 300 * MIB
+    assert costs.pool_bytes([1, 2, 3, 256]) == 606 * MIB
+    described = " ".join(costs.describe())
+    assert "per capture size" in described and "grows with the largest graph" in described
+    with pytest.raises(ValueError, match="no recorded graphs"):
+        CostModel.fit([])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seconds=st.floats(0.62, 20), memory=st.floats(600, 700), max_graphs=st.integers(1, 7))
+def test_budgets_are_respected_and_the_advice_is_the_best_that_fits(seconds, memory, max_graphs) -> None:
+    costs = CostModel.fit(GRAPHS)
+    advice = advise(HISTOGRAM, [1, 2, 4, 8, 16, 32, 64, 128, 256], source="test", max_graphs=max_graphs,
+                    capture_time_budget=seconds, memory_budget_bytes=memory * MIB, max_size=256, costs=costs)
+    assert costs.capture_seconds(advice.sizes) <= seconds
+    assert costs.pool_bytes(advice.sizes) <= memory * MIB
+    assert len(advice.sizes) <= max_graphs and advice.sizes[-1] == 256
+    # Nothing within the same budgets pads less: one more size would break one of them.
+    by_memory = 1 + int((memory - 600) * MIB // (2 * MIB))
+    allowed = min(max_graphs, int(seconds // costs.seconds_per_size), by_memory)
+    best = best_choices(HISTOGRAM, 256, allowed)[-1]
+    assert advice.advised.padding_tokens == best.cost
+
+
+def test_budgets_nothing_fits_and_budgets_without_costs_are_clear_errors() -> None:
+    costs = CostModel.fit(GRAPHS)
+    current = [1, 2, 4, 8]
+    with pytest.raises(UsageError, match=r"capture-time budget of 0\.1 s fits no graph: one capture size"):
+        advise(HISTOGRAM, current, source="t", capture_time_budget=0.1, costs=costs)
+    with pytest.raises(UsageError, match="memory budget of 100 MiB fits no graph: the largest size, 256"):
+        advise(HISTOGRAM, current, source="t", memory_budget_bytes=100 * MIB, costs=costs)
+    with pytest.raises(UsageError, match="needs the capture costs a run recorded"):
+        advise(HISTOGRAM, current, source="t", capture_time_budget=5)
+
+
+def test_degenerate_inputs_are_clear_errors() -> None:
+    with pytest.raises(UsageError, match="no batches recorded"):
+        advise(Histogram.of([]), [1, 2], source="empty.db")
+    with pytest.raises(UsageError, match=r"--max-size 2 is below every observed batch \(the smallest is 3\)"):
+        advise(Histogram.of([3, 4]), [4], source="t", max_size=2)
+
+
+def test_without_limits_the_advice_keeps_the_current_graph_count_and_never_pads_more() -> None:
+    current = [4, 16, 64, 128, 256]
+    advice = advise(HISTOGRAM, current, source="t")
+    assert advice.graphs == 5 and advice.bounded_by == "the current configuration's count (5)"
+    assert advice.advised.padding_tokens <= advice.current.padding_tokens
+    assert advice.advised.eager_batches == advice.current.eager_batches == 0
+    assert [len(p.capture_sizes) for p in advice.curve] == list(range(1, 8)), "7 distinct sizes"
+    assert advice.curve[-1].padding_tokens == 0
+    few = advise(HISTOGRAM, current, source="t", max_graphs=50)
+    assert few.graphs == 7 and few.bounded_by == "every candidate size (7)"
+
+
+def test_padding_weighed_by_step_time_moves_sizes_to_where_padding_is_dear(tmp_path: Path) -> None:
+    # Launch bound up to 64 tokens (flat), compute bound above: padding small batches costs little.
+    (tmp_path / "steps.csv").write_text("size,seconds\n1,0.001\n64,0.001\n256,0.004\n")
+    step_times = StepTimes.read(tmp_path / "steps.csv")
+    assert [step_times(n) for n in (1, 30, 64, 160)] == pytest.approx([0.001, 0.001, 0.001, 0.0025])
+    assert step_times(512) == pytest.approx(0.008), "above the measured sizes: in proportion to the tokens"
+    histogram = Histogram.from_counts({3: 100, 60: 20, 130: 30, 250: 10})
+    by_tokens = advise(histogram, [1, 2], source="t", max_graphs=2)
+    by_time = advise(histogram, [1, 2], source="t", max_graphs=2, step_cost=step_times)
+    # Counted in tokens, the hundred 3-token batches want their own graph; timed, padding them up
+    # to 60 is free (launch bound), and the graph is better spent where a step is compute bound.
+    assert by_tokens.sizes == (3, 250) and by_time.sizes == (60, 250)
+    assert by_time.weighed_by_step_time and "weighed by the measured step time" in render_text(by_time)
+
+
+def test_step_times_files_are_checked(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("size,seconds\n4,fast\n")
+    with pytest.raises(ValueError, match="line 2: expected size,seconds"):
+        StepTimes.read(bad)
+    bad.write_text("size,seconds\n")
+    with pytest.raises(ValueError, match="no step times"):
+        StepTimes.read(bad)
+    noisy = tmp_path / "noisy.csv"
+    noisy.write_text("1,0.002\n8,0.0015\n16,0.003\n")
+    assert StepTimes.read(noisy).seconds == (0.002, 0.002, 0.003), "a step does not get cheaper as it grows"
+
+
+def test_what_to_paste_is_spelled_as_each_engine_documents_it() -> None:
+    lines = config_lines((1, 4, 16))
+    assert lines == {
+        "vllm": """--compilation-config '{"cudagraph_capture_sizes": [1, 4, 16]}'""",
+        "sglang": "--cuda-graph-bs 1 4 16",
+        "tensorrt_llm": "cuda_graph_config: {enable_padding: true, batch_sizes: [1, 4, 16]}",
+        "capture_core": "sizes=[1, 4, 16]",
+    }
+
+
+def test_the_text_and_the_json_say_the_same() -> None:
+    costs = CostModel.fit(GRAPHS)
+    advice = advise(HISTOGRAM, [1, 2, 4, 8, 16, 32, 64, 128, 256], source="demo.db (run 1)", costs=costs)
+    data = as_dict(advice)
+    assert data["advised"]["capture_sizes"] == list(advice.sizes)
+    assert data["advised"]["padding_waste"] == project(HISTOGRAM, advice.sizes).padding_waste
+    assert data["current"]["graphs"] == 9 and data["histogram"]["batches"] == HISTOGRAM.total
+    assert [p["graphs"] for p in data["curve"]] == list(range(1, 8))
+    assert data["advised"]["capture_seconds"] == costs.capture_seconds(advice.sizes)
+    assert data["config"] == config_lines(advice.sizes)
+    json.dumps(data)  # every field serialises
+    text = render_text(advice)
+    for piece in ("advised sizes    " + ", ".join(map(str, advice.sizes)), "padding waste", "hit ratio",
+                  "capture time", "pool memory", "waste by graphs  1: ", "cost model", "vLLM", "SGLang",
+                  "TensorRT-LLM", data["config"]["vllm"]):
+        assert piece in text, piece
+
+
+def run_advise(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "dashboard.cli", "advise", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_advise_on_the_packaged_trace_beats_vllm_s_list_at_its_own_graph_count() -> None:
+    result = run_advise("--trace", "--steps", "3000", "--speedup", "8", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["graphs"] == data["current"]["graphs"] == 35
+    assert data["advised"]["padding_waste"] < data["current"]["padding_waste"] / 2
+    assert data["advised"]["eager_batches"] == data["current"]["eager_batches"] == 0
+    assert data["source"].startswith("azure_conv_2023.csv (19,366 requests at 8x")
+    assert data["cost_model"] is None
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--trace", "missing.csv"], "--trace: missing.csv: trace file not found"),
+    (["--trace", "--max-size", "300"], "--max-size 300 is above the engine's largest batch (256"),
+    (["--trace", "--memory-budget", "100"], "needs the capture costs a run recorded"),
+    (["--trace", "--current", "4,four"], "'four' is not a size"),
+    (["--trace", "--max-graphs", "0"], "--max-graphs: must be between 1"),
+    (["--trace", "--step-times", "missing.csv"], "--step-times: missing.csv: cannot read the step times"),
+])
+def test_advise_refuses_what_it_cannot_do_in_one_line(args: list[str], message: str) -> None:
+    result = run_advise(*args, "--steps", "50")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
