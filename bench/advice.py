@@ -58,8 +58,8 @@ def per_load(by_speedup: dict[float, list[int]]) -> list[dict[str, Any]]:
         for name in ("pow2", "vllm"):
             fixed = capture_sizes(name, MAX_BATCH)
             advice = advise(histogram, fixed, source="bench")  # as many sizes as the list has
-            row[name] = project(histogram, fixed).padding_waste
-            row[f"advised_{name}"] = advice.advised.padding_waste
+            row[name] = project(histogram, fixed).traffic.padding_waste
+            row[f"advised_{name}"] = advice.advised.traffic.padding_waste
         rows.append(row)
     return rows
 
@@ -75,11 +75,11 @@ def compare(histogram: Histogram) -> list[dict[str, Any]]:
     rows = []
     for graphs in GRAPH_COUNTS:
         advice = advise(histogram, fixed["vllm"], source="bench", max_graphs=graphs, max_size=MAX_BATCH)
-        row: dict[str, Any] = {"graphs": graphs, "advised": advice.advised.padding_waste,
+        row: dict[str, Any] = {"graphs": graphs, "advised": advice.advised.traffic.padding_waste,
                                "advised_sizes": list(advice.sizes)}
         for name, sizes in fixed.items():
             if len(sizes) == graphs:
-                row[name] = project(histogram, sizes).padding_waste
+                row[name] = project(histogram, sizes).traffic.padding_waste
         rows.append(row)
     return rows
 

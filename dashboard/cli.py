@@ -191,14 +191,21 @@ def _add_advise(commands: argparse._SubParsersAction) -> None:
         help="advise the capture sizes your traffic wants, and print the lines to paste into an engine",
         description=(
             "Find the capture sizes that minimise padding over your traffic's batch-size histogram "
-            "(exactly: every batch, under a number of graphs), compare them with the current sizes "
-            "on the same histogram, and print the configuration for vLLM, SGLang, TensorRT-LLM and "
-            "capture_core. The traffic is a trace of requests replayed through continuous batching."
+            "(exactly: every batch, under a number of graphs or a capture-time or memory budget), "
+            "compare them with the current sizes on the same histogram, and print the configuration "
+            "for vLLM, SGLang, TensorRT-LLM and capture_core. The traffic is what a database recorded "
+            "(default), or a trace of requests replayed through continuous batching (--trace)."
         ),
-        epilog="example: graph-inspector advise --trace --speedup 8 --max-graphs 16",
+        epilog="examples: graph-inspector advise --db sqlite:///graph-inspector.db --max-graphs 16; "
+               "graph-inspector advise --trace --speedup 8",
     )
-    traffic = parser.add_argument_group("traffic")
-    traffic.add_argument("--trace", nargs="?", const=PACKAGED_TRACE, required=True, metavar="CSV",
+    recorded = parser.add_argument_group("recorded traffic (the default)")
+    recorded.add_argument("--db", metavar="URL", help=DB_HELP)
+    recorded.add_argument("--run", metavar="ID", type=whole_number(1, 2**63 - 1), action="append",
+                          help="advise on this run; repeat to pool several runs or ranks "
+                               "(default: every run)")
+    traffic = parser.add_argument_group("a trace instead")
+    traffic.add_argument("--trace", nargs="?", const=PACKAGED_TRACE, metavar="CSV",
                          help="a CSV of TIMESTAMP,ContextTokens,GeneratedTokens per request, replayed "
                               "through continuous batching (no path: the packaged Azure conversation trace)")
     traffic.add_argument("--steps", type=whole_number(1, demo.MAX_STEPS), default=20_000, metavar="N",
@@ -220,9 +227,10 @@ def _add_advise(commands: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-size", type=whole_number(1, demo.MAX_BATCH_LIMIT), metavar="N",
                         help="the largest size to capture (default: the largest batch observed, so nothing "
                              "runs eagerly that did not)")
-    parser.add_argument("--current", default="vllm", metavar="SIZES",
-                        help="the configuration to compare with: pow2, vllm (their lists up to the largest "
-                             "batch) or sizes such as 1,2,4,8 (default vllm)")
+    parser.add_argument("--current", metavar="SIZES",
+                        help="the configuration to compare with: pow2, vllm (their lists up to the engine's "
+                             "largest batch) or sizes such as 1,2,4,8 (default: the sizes the runs captured; "
+                             "vllm with --trace)")
     parser.add_argument("--step-times", metavar="CSV",
                         help="weigh padding by measured step time: a CSV of size,seconds rows (padding at "
                              "a size that is cheap to run costs little)")

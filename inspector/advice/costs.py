@@ -94,9 +94,13 @@ class CostModel:
 
     def describe(self) -> list[str]:
         """The model in words, for the advice's output."""
+        time = (f"capture time: {self.seconds_per_size:.3g} s per capture size (the mean of the "
+                f"{self.recorded_sizes} recorded sizes, all their graphs)")
+        if not self.largest_pool_bytes and not self.pool_bytes_per_other_size:
+            return [time, "pool memory: none recorded (the eager backend has no graph pool), so a memory "
+                          "budget bounds nothing"]
         return [
-            f"capture time: {self.seconds_per_size:.3g} s per capture size (the mean of the "
-            f"{self.recorded_sizes} recorded sizes, all their graphs)",
+            time,
             f"pool memory: one shared pool, so it grows with the largest graph: "
             f"{self.largest_pool_bytes / MIB:.1f} MiB at {self.largest_size} tokens, scaled by the "
             f"largest size, plus {self.pool_bytes_per_other_size / MIB:.2f} MiB (the median) per other size",

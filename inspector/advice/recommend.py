@@ -59,7 +59,8 @@ def advise(
     if not histogram.total:
         raise UsageError(f"{source}: no batches recorded, so there is nothing to advise on")
     if not current_sizes:
-        raise UsageError("the current configuration has no capture sizes to compare against")
+        raise UsageError(f"{source} captured no graphs at start-up, so there is no current configuration to "
+                         "compare with: name one with --current (pow2, vllm or sizes such as 1,2,4,8)")
     top = histogram.largest if max_size is None else max_size
     if top < histogram.sizes[0]:
         raise UsageError(f"--max-size {top} is below every observed batch (the smallest is "

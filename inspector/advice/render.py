@@ -35,12 +35,7 @@ def _projection(p: Projection, advice: Advice) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "capture_sizes": list(p.capture_sizes),
         "graphs": len(p.capture_sizes),
-        "replays": p.replays,
-        "eager_batches": p.eager_batches,
-        "num_real_tokens": p.num_real_tokens,
-        "padding_tokens": p.padding_tokens,
-        "hit_ratio": p.hit_ratio,
-        "padding_waste": p.padding_waste,
+        "traffic": p.traffic.as_dict(),
     }
     if advice.costs is not None:
         figures["capture_seconds"] = advice.costs.capture_seconds(p.capture_sizes)
@@ -61,8 +56,8 @@ def as_dict(advice: Advice) -> dict[str, Any]:
         "weighed_by_step_time": advice.weighed_by_step_time,
         "current": _projection(advice.current, advice),
         "advised": _projection(advice.advised, advice),
-        "curve": [{"graphs": len(p.capture_sizes), "padding_tokens": p.padding_tokens,
-                   "padding_waste": p.padding_waste} for p in advice.curve],
+        "curve": [{"graphs": len(p.capture_sizes), "padding_tokens": p.traffic.padding_tokens,
+                   "padding_waste": p.traffic.padding_waste} for p in advice.curve],
         "cost_model": advice.costs.describe() if advice.costs is not None else None,
         "config": config_lines(advice.sizes),
     }
@@ -77,14 +72,15 @@ CURVE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 def render_text(advice: Advice) -> str:
     """The advice for a terminal: the sizes, current against advised, the curve, the lines to paste."""
-    h, now, new = advice.histogram, advice.current, advice.advised
+    h, now, new = advice.histogram, advice.current.traffic, advice.advised.traffic
     lines = [
         f"graph-inspector advise: {advice.graphs} capture sizes for {h.total:,} batches of "
         f"{h.sizes[0]}..{h.largest} tokens ({len(h):,} distinct sizes) from {advice.source}",
         f"  advised sizes    {', '.join(map(str, advice.sizes))}",
         f"  graph count      {advice.graphs}, set by {advice.bounded_by}; every batch up to "
         f"{advice.max_size} tokens replays",
-        f"  {'':<17}{f'current ({len(now.capture_sizes)} sizes)':<26}advised ({advice.graphs} sizes)",
+        f"  {'':<17}{f'current ({len(advice.current.capture_sizes)} sizes)':<26}"
+        f"advised ({advice.graphs} sizes)",
     ]
     rows = [
         ("padding waste", _percent(now.padding_waste), _percent(new.padding_waste)),
@@ -94,13 +90,14 @@ def render_text(advice: Advice) -> str:
     ]
     if advice.costs is not None:
         costs = advice.costs
-        rows.append(("capture time", f"{costs.capture_seconds(now.capture_sizes):.2f} s",
-                     f"{costs.capture_seconds(new.capture_sizes):.2f} s"))
-        rows.append(("pool memory", f"{costs.pool_bytes(now.capture_sizes) / 2**20:.1f} MiB",
-                     f"{costs.pool_bytes(new.capture_sizes) / 2**20:.1f} MiB"))
+        current, advised = advice.current.capture_sizes, advice.sizes
+        rows.append(("capture time", f"{costs.capture_seconds(current):.2f} s",
+                     f"{costs.capture_seconds(advised):.2f} s"))
+        rows.append(("pool memory", f"{costs.pool_bytes(current) / 2**20:.1f} MiB",
+                     f"{costs.pool_bytes(advised) / 2**20:.1f} MiB"))
     lines += [f"  {name:<17}{old:<26}{advised}" for name, old, advised in rows]
     points = [p for p in advice.curve if len(p.capture_sizes) in CURVE_POINTS or p is advice.curve[-1]]
-    curve = ", ".join(f"{len(p.capture_sizes)}: {_percent(p.padding_waste)}" for p in points)
+    curve = ", ".join(f"{len(p.capture_sizes)}: {_percent(p.traffic.padding_waste)}" for p in points)
     lines.append(f"  waste by graphs  {curve}")
     if advice.weighed_by_step_time:
         lines.append("  (padding weighed by the measured step time per size, not counted in tokens)")

@@ -26,6 +26,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from inspector.traffic import TrafficTotals
+
 StepCost = Callable[[int], float]
 """What a step of ``n`` tokens costs; non-decreasing in ``n``."""
 
@@ -74,43 +76,29 @@ class Histogram:
 
 @dataclass(frozen=True)
 class Projection:
-    """What a set of capture sizes makes of a histogram (the inspector's traffic figures)."""
+    """A set of capture sizes, and the traffic figures it makes of a histogram, in all and per size."""
 
     capture_sizes: tuple[int, ...]
-    replays: int
-    num_real_tokens: int
-    padding_tokens: int
-    eager_batches: int
-
-    @property
-    def batches(self) -> int:
-        return self.replays + self.eager_batches
-
-    @property
-    def hit_ratio(self) -> float | None:
-        """Batches replayed over all batches."""
-        return self.replays / self.batches if self.batches else None
-
-    @property
-    def padding_waste(self) -> float | None:
-        """Padding tokens over the tokens the graphs computed."""
-        computed = self.num_real_tokens + self.padding_tokens
-        return self.padding_tokens / computed if computed else None
+    traffic: TrafficTotals
+    by_size: tuple[TrafficTotals, ...]
+    """The replays of each capture size (same order); eager batches belong to none."""
 
 
 def project(histogram: Histogram, capture_sizes: Sequence[int]) -> Projection:
-    """Replay ``histogram`` on ``capture_sizes``: padding, hit ratio, eager batches."""
+    """Replay ``histogram`` on ``capture_sizes``: replays, padding, eager batches (and so the hit ratio
+    and the padding waste, by the inspector's one formula for each)."""
     table = sorted(set(capture_sizes))
-    replays = real = padding = eager = 0
+    by_size = [TrafficTotals() for _ in table]
+    total = TrafficTotals()
     for size, batches in zip(histogram.sizes, histogram.batches, strict=True):
         index = bisect.bisect_left(table, size)
         if index == len(table):
-            eager += batches
+            total.eager_batches += batches
             continue
-        replays += batches
-        real += size * batches
-        padding += (table[index] - size) * batches
-    return Projection(tuple(table), replays, real, padding, eager)
+        replayed = TrafficTotals(batches, size * batches, (table[index] - size) * batches)
+        by_size[index].add(replayed)
+        total.add(replayed)
+    return Projection(tuple(table), total, tuple(by_size))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """`graph-inspector advise`: the capture sizes your traffic wants, and the lines to paste.
 
-The traffic is a CSV of requests replayed through the reference continuous-batching scheduler
-(``--trace``): every step's batch size, as a decode graph cache would meet it. The advice compares
-the advised sizes with the current ones (``--current``) on that same histogram.
+The traffic is what a database recorded (``--db``, every run or ``--run`` ones pooled: the batch
+sizes of every step, replayed or eager, and the graphs start-up captured, which are the current
+configuration and the capture costs), or a CSV of requests replayed through the reference
+continuous-batching scheduler (``--trace``). The advice compares the advised sizes with the
+current ones on that same histogram.
 """
 
 from __future__ import annotations
@@ -30,18 +32,23 @@ def run(args: argparse.Namespace) -> int:
             step_cost = StepTimes.read(args.step_times)
         except ValueError as error:
             raise UsageError(f"--step-times: {error}") from None
-    histogram, source, engine_max = _trace_histogram(args)
-    if args.max_size is not None and args.max_size > engine_max:
+    traffic = _trace_traffic(args) if args.trace is not None else _recorded(args)
+    histogram, engine_max = traffic.histogram, traffic.engine_max
+    if args.max_size is not None and engine_max is not None and args.max_size > engine_max:
+        where = "--max-num-seqs" if args.trace is not None else "the runs' configuration"
         raise UsageError(f"--max-size {args.max_size} is above the engine's largest batch ({engine_max}, "
-                         "--max-num-seqs): a graph that large would never replay")
-    current = _current_sizes(args.current, engine_max)
+                         f"{where}): a graph that large would never replay")
+    if args.current is not None:
+        current = _current_sizes(args.current, engine_max or histogram.largest)
+    else:
+        current = list(traffic.capture_sizes)
     work = len(histogram) * max(CURVE_GRAPHS, args.max_graphs or 0)
     with _progress(work >= PROGRESS_WORK and args.format == "text") as progress:
         advice = advise(
-            histogram, current, source=source, max_graphs=args.max_graphs,
+            histogram, current, source=traffic.source, max_graphs=args.max_graphs,
             capture_time_budget=args.capture_time_budget,
             memory_budget_bytes=None if args.memory_budget is None else args.memory_budget * 2**20,
-            max_size=args.max_size, step_cost=step_cost, progress=progress,
+            max_size=args.max_size, costs=traffic.costs, step_cost=step_cost, progress=progress,
         )
     if args.format == "json":
         sys.stdout.write(json.dumps(as_dict(advice), indent=2) + "\n")
@@ -50,11 +57,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace_histogram(args: argparse.Namespace) -> tuple[Any, str, int]:
-    """The batch sizes of ``args.steps`` scheduled steps of the trace; its source; the batch cap."""
+def _recorded(args: argparse.Namespace) -> Any:
+    """What the database at ``--db`` recorded, for ``--run`` (every run when none is given)."""
+    from inspector.advice.recorded import read_recorded
+    from inspector.queries import Queries
+    from inspector.store import open_store
+
+    store = open_store(args.db, upgrade=False)
+    try:
+        store.require_head()
+        queries = Queries(store.engine)
+        queries.rollup.warm()  # a one-shot read: wait out the rows other writers have yet to commit
+        return read_recorded(queries, args.run, store.display_url)
+    finally:
+        store.dispose()
+
+
+def _trace_traffic(args: argparse.Namespace) -> Any:
+    """The batch sizes of ``args.steps`` scheduled steps of the trace, against vLLM's list by default."""
     import os
 
     from capture_core.reference import TraceError, TrafficConfig, decode_batch_sizes, load_trace
+    from capture_core.sizes import capture_sizes
+    from inspector.advice.recorded import RecordedTraffic
     from inspector.advice.sizes import Histogram
     from inspector.errors import UsageError
 
@@ -68,7 +93,9 @@ def _trace_histogram(args: argparse.Namespace) -> tuple[Any, str, int]:
     sizes = decode_batch_sizes(trace, config, args.steps)
     source = (f"{os.path.basename(trace.source)} ({len(trace):,} requests at {args.speedup:g}x through "
               f"continuous batching, up to {args.max_num_seqs} running, {args.steps:,} steps)")
-    return Histogram.of(sizes), source, args.max_num_seqs
+    return RecordedTraffic(run_ids=(), source=source, histogram=Histogram.of(sizes),
+                           capture_sizes=tuple(capture_sizes("vllm", args.max_num_seqs)), costs=None,
+                           engine_max=args.max_num_seqs)
 
 
 PACKAGED_TRACE = "packaged"

@@ -56,7 +56,7 @@ def test_budgets_are_respected_and_the_advice_is_the_best_that_fits(seconds, mem
     by_memory = 1 + int((memory - 600) * MIB // (2 * MIB))
     allowed = min(max_graphs, int(seconds // costs.seconds_per_size), by_memory)
     best = best_choices(HISTOGRAM, 256, allowed)[-1]
-    assert advice.advised.padding_tokens == best.cost
+    assert advice.advised.traffic.padding_tokens == best.cost
 
 
 def test_budgets_nothing_fits_and_budgets_without_costs_are_clear_errors() -> None:
@@ -81,10 +81,10 @@ def test_without_limits_the_advice_keeps_the_current_graph_count_and_never_pads_
     current = [4, 16, 64, 128, 256]
     advice = advise(HISTOGRAM, current, source="t")
     assert advice.graphs == 5 and advice.bounded_by == "the current configuration's count (5)"
-    assert advice.advised.padding_tokens <= advice.current.padding_tokens
-    assert advice.advised.eager_batches == advice.current.eager_batches == 0
+    assert advice.advised.traffic.padding_tokens <= advice.current.traffic.padding_tokens
+    assert advice.advised.traffic.eager_batches == advice.current.traffic.eager_batches == 0
     assert [len(p.capture_sizes) for p in advice.curve] == list(range(1, 8)), "7 distinct sizes"
-    assert advice.curve[-1].padding_tokens == 0
+    assert advice.curve[-1].traffic.padding_tokens == 0
     few = advise(HISTOGRAM, current, source="t", max_graphs=50)
     assert few.graphs == 7 and few.bounded_by == "every candidate size (7)"
 
@@ -132,7 +132,7 @@ def test_the_text_and_the_json_say_the_same() -> None:
     advice = advise(HISTOGRAM, [1, 2, 4, 8, 16, 32, 64, 128, 256], source="demo.db (run 1)", costs=costs)
     data = as_dict(advice)
     assert data["advised"]["capture_sizes"] == list(advice.sizes)
-    assert data["advised"]["padding_waste"] == project(HISTOGRAM, advice.sizes).padding_waste
+    assert data["advised"]["traffic"] == project(HISTOGRAM, advice.sizes).traffic.as_dict()
     assert data["current"]["graphs"] == 9 and data["histogram"]["batches"] == HISTOGRAM.total
     assert [p["graphs"] for p in data["curve"]] == list(range(1, 8))
     assert data["advised"]["capture_seconds"] == costs.capture_seconds(advice.sizes)
@@ -156,8 +156,9 @@ def test_advise_on_the_packaged_trace_beats_vllm_s_list_at_its_own_graph_count()
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["graphs"] == data["current"]["graphs"] == 35
-    assert data["advised"]["padding_waste"] < data["current"]["padding_waste"] / 2
-    assert data["advised"]["eager_batches"] == data["current"]["eager_batches"] == 0
+    advised, current = data["advised"]["traffic"], data["current"]["traffic"]
+    assert advised["padding_waste"] < current["padding_waste"] / 2
+    assert advised["eager_batches"] == current["eager_batches"] == 0
     assert data["source"].startswith("azure_conv_2023.csv (19,366 requests at 8x")
     assert data["cost_model"] is None
 

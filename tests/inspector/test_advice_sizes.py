@@ -47,7 +47,7 @@ def test_every_graph_count_gets_the_least_padding_brute_force_finds(histogram, e
         assert list(choice.sizes) == sorted(set(choice.sizes))
         assert padding_cost(histogram, choice.sizes, max_size) == choice.cost
         assert choice.cost == brute_force(histogram, max_size, choice.graphs, candidates)
-        assert project(histogram, choice.sizes).padding_tokens == choice.cost
+        assert project(histogram, choice.sizes).traffic.padding_tokens == choice.cost
     costs = [c.cost for c in choices]
     assert costs == sorted(costs, reverse=True), "one more graph never pads more"
 
@@ -84,7 +84,7 @@ def test_batches_above_max_size_are_left_to_run_eagerly() -> None:
     (one, two) = best_choices(histogram, 8, 2)
     assert one.sizes == (8,) and one.cost == 10 * 5
     assert two.sizes == (3, 8) and two.cost == 0
-    projected = project(histogram, two.sizes)
+    projected = project(histogram, two.sizes).traffic
     assert (projected.replays, projected.eager_batches, projected.padding_tokens) == (15, 2, 0)
     assert projected.hit_ratio == 15 / 17 and projected.padding_waste == 0
 

@@ -1,0 +1,75 @@
+"""What a recorded database says for the advice: the batch-size histogram of one or more runs (ranks
+pooled), the graphs start-up captured (their sizes are the current configuration; their capture
+time and pool memory feed the cost model) and, where a run's configuration says, the engine's
+largest batch. Read through ``inspector.queries`` only, as the dashboard reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.advice.costs import CostModel, RecordedGraph
+from inspector.advice.sizes import Histogram
+from inspector.errors import UsageError
+from inspector.queries import Queries
+
+EVERY = 1_000_000
+"""A page size that holds every run or graph of one database."""
+ENGINE_LIMITS = ("max_num_batched_tokens", "max_num_seqs")
+"""Run-configuration keys that bound a batch (the first found, at the top or under ``traffic``)."""
+
+
+@dataclass(frozen=True)
+class RecordedTraffic:
+    """The advice's inputs: a histogram, where it came from, the current sizes and what costs are known."""
+
+    run_ids: tuple[int, ...]
+    source: str
+    histogram: Histogram
+    capture_sizes: tuple[int, ...]
+    costs: CostModel | None
+    engine_max: int | None
+
+
+def read_recorded(queries: Queries, run_ids: Sequence[int] | None, source: str) -> RecordedTraffic:
+    """The pooled traffic of ``run_ids`` (every run when None); ``UsageError`` for an unknown run.
+
+    The batch sizes come from the queries' rollup as it stands: a one-shot reader warms it first
+    (``queries.rollup.warm()``), the daemon's is warm already.
+    """
+    runs = {run["id"]: run for run in queries.runs(per_page=EVERY).items}
+    if run_ids is None:
+        chosen = sorted(runs)
+    else:
+        unknown = [run_id for run_id in run_ids if run_id not in runs]
+        if unknown:
+            missing = ", ".join(map(str, unknown))
+            raise UsageError(f"{source} has no run {missing} (graph-inspector report lists the runs)")
+        chosen = sorted(set(run_ids))
+    queries.rollup.refresh()
+    histogram = Histogram.from_counts(queries.rollup.batch_sizes(chosen)) if chosen else Histogram((), ())
+    graphs = [g for run_id in chosen for g in queries.graphs(run_id=run_id, per_page=EVERY).items
+              if not g["unexpected"]]
+    recorded = [RecordedGraph(g["descriptor"]["captured_size"], g["capture_seconds"], g["pool_bytes"])
+                for g in graphs]
+    limits = [limit for run_id in chosen if (limit := _engine_limit(runs[run_id]["config"])) is not None]
+    what = f"run {chosen[0]}" if len(chosen) == 1 else f"{len(chosen)} runs pooled"
+    return RecordedTraffic(
+        run_ids=tuple(chosen),
+        source=f"{source} ({what})" if chosen else source,
+        histogram=histogram,
+        capture_sizes=tuple(sorted({g.captured_size for g in recorded})),
+        costs=CostModel.fit(recorded) if recorded else None,
+        engine_max=max(limits) if limits else None,
+    )
+
+
+def _engine_limit(config: dict[str, Any]) -> int | None:
+    for scope in (config.get("traffic") or {}, config):
+        for key in ENGINE_LIMITS:
+            value = scope.get(key) if isinstance(scope, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None

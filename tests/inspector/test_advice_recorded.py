@@ -1,0 +1,119 @@
+"""`advise` over a recorded database: every batch of the chosen runs (ranks pooled), the graphs
+start-up captured as the current sizes and the cost model, clear errors for what cannot be advised."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from workers import FULL, capture
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.sizes import EagerReason
+from inspector.advice.recorded import read_recorded
+from inspector.queries import Queries
+from inspector.recorder import Recorder
+from inspector.store import open_store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def record(url: str, replays: dict[int, int], eager: int = 0, rank: int = 0, config: dict | None = None
+           ) -> int:
+    """One rank's run: a graph per bucket of 4, 8 and 16, ``replays`` batches of each real size."""
+    with Recorder(url, rank=rank, world_size=2, label=f"rank{rank}", config=config or {}) as recorder:
+        for size in (4, 8, 16):
+            recorder.on_capture(capture(BatchDescriptor(size, size, True)))
+        for real, batches in replays.items():
+            bucket = BatchDescriptor(next(s for s in (4, 8, 16) if s >= real), None, False)
+            for _ in range(batches):
+                recorder.on_replay(FULL, bucket, real)
+        for _ in range(eager):
+            recorder.on_eager(EagerReason.ABOVE_MAX_CAPTURE_SIZE, 30, FULL)
+    assert recorder.run_id is not None
+    return recorder.run_id
+
+
+@pytest.fixture
+def two_ranks(db_url: str) -> tuple[str, int, int]:
+    first = record(db_url, {3: 10, 7: 5}, eager=2, config={"max_num_seqs": 32})
+    second = record(db_url, {3: 4, 12: 6}, rank=1)
+    return db_url, first, second
+
+
+def test_ranks_pool_their_batches_eager_ones_included(two_ranks) -> None:
+    url, first, second = two_ranks
+    store = open_store(url, upgrade=False)
+    try:
+        queries = Queries(store.engine)
+        queries.rollup.warm()
+        pooled = read_recorded(queries, None, "inspector.db")
+        one = read_recorded(queries, [second], "inspector.db")
+    finally:
+        store.dispose()
+    counts = dict(zip(pooled.histogram.sizes, pooled.histogram.batches, strict=True))
+    assert counts == {3: 14, 7: 5, 12: 6, 30: 2}
+    assert pooled.run_ids == (first, second) and pooled.source == "inspector.db (2 runs pooled)"
+    assert pooled.capture_sizes == (4, 8, 16)
+    assert pooled.costs is not None and pooled.costs.recorded_sizes == 3
+    assert pooled.costs.seconds_per_size == pytest.approx(0.02), "one graph per size per run, 0.01 s each"
+    assert pooled.engine_max == 32, "from the first run's configuration"
+    assert dict(zip(one.histogram.sizes, one.histogram.batches, strict=True)) == {3: 4, 12: 6}
+    assert one.source == f"inspector.db (run {second})" and one.engine_max is None
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("GRAPH_INSPECTOR_DB", None)
+    return subprocess.run([sys.executable, "-m", "dashboard.cli", "advise", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_advise_on_a_database_compares_with_what_start_up_captured(two_ranks) -> None:
+    url, first, _ = two_ranks
+    result = cli("--db", url, "--run", str(first), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["current"]["capture_sizes"] == [4, 8, 16] and data["graphs"] == 3
+    # Batches of 3 and 7 (and two of 30 that ran eagerly): 3 and 7 themselves pad nothing.
+    assert data["advised"]["capture_sizes"] == [3, 7, 30]
+    advised = data["advised"]["traffic"]
+    assert advised["padding_tokens"] == 0 and advised["eager_batches"] == 0
+    assert data["current"]["traffic"]["eager_batches"] == 2
+    assert data["current"]["traffic"]["padding_tokens"] == 10 * 1 + 5 * 1
+    assert data["cost_model"] and "per capture size" in data["cost_model"][0]
+    budget = cli("--db", url, "--capture-time-budget", "0.045", "--format", "json")
+    assert budget.returncode == 0, budget.stderr
+    assert json.loads(budget.stdout)["graphs"] == 2, "0.045 s at 0.02 s a size: two sizes"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--run", "99"], "has no run 99"),
+    (["--max-size", "64"], "--max-size 64 is above the engine's largest batch (32, the runs' configuration)"),
+    (["--memory-budget", "0.001"], "fits no graph: the largest size"),
+])
+def test_what_a_database_cannot_answer_is_one_clear_line(two_ranks, args: list[str], message: str) -> None:
+    url, _, _ = two_ranks
+    result = cli("--db", url, *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_a_database_with_no_traffic_or_no_graphs_says_so(sqlite_url: str) -> None:
+    with Recorder(sqlite_url, label="idle"):
+        pass
+    empty = cli("--db", sqlite_url)
+    assert empty.returncode == 2 and "no batches recorded, so there is nothing to advise on" in empty.stderr
+    with Recorder(sqlite_url, label="eager only") as recorder:
+        recorder.on_eager(EagerReason.MODE_NONE, 5, FULL)
+    graphless = cli("--db", sqlite_url)
+    assert graphless.returncode == 2 and "captured no graphs at start-up" in graphless.stderr
+    compared = cli("--db", sqlite_url, "--current", "pow2", "--format", "json")
+    assert compared.returncode == 0, compared.stderr
+    assert json.loads(compared.stdout)["advised"]["capture_sizes"] == [5]
+    missing = cli("--db", f"sqlite:///{Path(sqlite_url.removeprefix('sqlite:///')).parent / 'none.db'}")
+    assert missing.returncode == 2 and "no database at" in missing.stderr
