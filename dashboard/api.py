@@ -73,9 +73,14 @@ def openapi() -> Response:
     return send_file(OPENAPI, mimetype="application/json")
 
 
+@bp.get("/advice")
+def advice() -> Response:
+    return _answer(resources.advice())
+
+
 @bp.get("/<path:unknown>")
 def unknown_endpoint(unknown: str) -> Response:
     raise NotFound(
-        f"no API endpoint /api/{unknown}; try /api/summary, /api/graphs, /api/violations, /api/compile "
-        "or /api/runs (every route: /api/openapi.json)"
+        f"no API endpoint /api/{unknown}; try /api/summary, /api/graphs, /api/violations, /api/compile, "
+        "/api/runs or /api/advice (every route: /api/openapi.json)"
     )

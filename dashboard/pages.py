@@ -69,5 +69,12 @@ def compare() -> str:
     return render_template("compare.html", comparison=data, live=data["a"]["live"] or data["b"]["live"])
 
 
+@bp.get("/advice")
+def advice() -> str:
+    resource = resources.advice()
+    return render_template("advice.html", advice=resource.data,
+                           runs=queries().run_options(resource.data["filters"]["run"]), live=False)
+
+
 def _any_live() -> bool:
     return bool(queries().live_run_ids())

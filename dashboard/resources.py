@@ -125,3 +125,28 @@ def compare() -> Resource:
         missing = [r for r in (a, b) if not queries().run_exists(r)]
         raise NotFound(f"no run with id {missing[0]}")
     return Resource(found)
+
+
+def advice() -> Resource:
+    """The capture sizes the recorded traffic wants (``?run=`` one run, else every run pooled;
+    ``?max_graphs=``, ``?max_size=``). When there is nothing to advise on, ``advice`` is null and
+    ``unavailable`` says why: an empty database is not a bad request."""
+    from inspector.advice.recommend import advise
+    from inspector.advice.recorded import read_recorded
+    from inspector.advice.render import as_dict
+    from inspector.errors import UsageError
+
+    run_id = _run_filter()
+    max_graphs = int_arg("max_graphs", maximum=4096)
+    max_size = int_arg("max_size", maximum=1_000_000)
+    state = current_app.extensions[EXTENSION]
+    recorded = read_recorded(queries(), None if run_id is None else [run_id], state.store.display_url)
+    if max_size is not None and recorded.engine_max is not None and max_size > recorded.engine_max:
+        raise BadRequest(f"max_size {max_size} is above the engine's largest batch ({recorded.engine_max})")
+    filters = {"run": run_id, "max_graphs": max_graphs, "max_size": max_size}
+    try:
+        found = advise(recorded.histogram, recorded.capture_sizes, source=recorded.source,
+                       max_graphs=max_graphs, max_size=max_size, costs=recorded.costs)
+    except UsageError as why:
+        return Resource({"filters": filters, "advice": None, "unavailable": str(why)})
+    return Resource({"filters": filters, "advice": as_dict(found), "unavailable": None})

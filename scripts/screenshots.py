@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate docs/screenshot-overview.png and docs/screenshot-violations.png.
+"""Regenerate docs/screenshot-overview.png, docs/screenshot-violations.png and docs/screenshot-advice.png.
 
 Photographs a recorded database (`--db URL`), or, without `--db`, a fresh SQLite file seeded with
 the dashboard's sample (two runs, one live on the eager backend, injected faults). Starts
@@ -28,7 +28,8 @@ from tests.support.browser import chromium  # noqa: E402
 from tests.support.daemon import Daemon  # noqa: E402
 from tests.support.sample import seed_sample  # noqa: E402
 
-PAGES = {"screenshot-overview.png": "", "screenshot-violations.png": "violations"}
+PAGES = {"screenshot-overview.png": "", "screenshot-violations.png": "violations",
+         "screenshot-advice.png": "advice"}
 
 
 def main() -> int:

@@ -94,6 +94,9 @@ def test_the_cold_start_ramps_through_every_capture_size_and_says_so(faulted_run
     line = ("graphs replayed   13 of 18 captured at start-up, every capture size met "
             "(never replayed: full 256; piecewise 1, 2, 4, 8)")
     assert line in result.stdout, result.stdout
+    # And it ends by pointing at the advice, with what that would change for this very run.
+    advice = "advice            the same 9 graphs, sized for this traffic, would pad 13.6% instead of 29.7%"
+    assert advice in result.stdout and "graph-inspector advise --db sqlite:///" in result.stdout
 
 
 @pytest.mark.slow

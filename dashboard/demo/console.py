@@ -98,6 +98,24 @@ def print_summary(store: Any, run_id: int, runner: Runner, result: DemoResult, u
     _print_violations(queries, run_id)
     _print_faults(result)
     print(f"  database          {url}")
+    _print_advice(queries, run_id, url)
+
+
+def _print_advice(queries: Any, run_id: int, url: str) -> None:
+    """Point at the advice, with what it would change for this very traffic."""
+    from inspector.advice.recommend import advise
+    from inspector.advice.recorded import read_recorded
+    from inspector.errors import UsageError
+
+    recorded = read_recorded(queries, [run_id], url)
+    try:
+        advice = advise(recorded.histogram, recorded.capture_sizes, source=recorded.source)
+    except UsageError:
+        return  # nothing captured, so nothing to compare with (mode none)
+    print(f"  advice            the same {advice.graphs} graphs, sized for this traffic, would pad "
+          f"{_percent(advice.advised.traffic.padding_waste)} instead of "
+          f"{_percent(advice.current.traffic.padding_waste)}: the dashboard's Advice page, or "
+          f"graph-inspector advise --db {url}")
 
 
 def _print_coverage(queries: Any, run_id: int, sizes: tuple[int, ...]) -> None:

@@ -311,6 +311,84 @@
     });
   }
 
+  /* Padding tokens per capture size: the current sizes' bars beside the advised sizes'. */
+  function adviceSizesConfig(a) {
+    const bars = (label, color, projection) => ({
+      label, backgroundColor: color, barThickness: 6,
+      data: projection.by_size.map((row) => ({ x: row.captured_size, y: row.padding_tokens, waste: row.padding_waste })),
+    });
+    return {
+      type: "bar",
+      data: { datasets: [bars("now (" + a.current.graphs + " sizes)", COLORS.capture, a.current),
+                         bars("advised (" + a.graphs + " sizes)", COLORS.full, a.advised)] },
+      options: Object.assign(baseOptions(), {
+        scales: { x: { type: "linear", min: 0, title: { display: true, text: "capture size (tokens)" }, grid: { display: false } },
+                  y: { beginAtZero: true, grid: { color: COLORS.grid }, title: { display: true, text: "padding tokens" } } },
+        plugins: Object.assign(baseOptions().plugins, {
+          tooltip: { callbacks: { label: (c) => c.dataset.label + ": size " + c.raw.x + ", " + fmt.count(c.raw.y) +
+                                               " padding tokens (" + fmt.percent(c.raw.waste) + ")" } },
+        }),
+      }),
+    };
+  }
+
+  /* The knee: the best sizes' waste for every number of graphs, and where now and the advice sit. */
+  function adviceCurveConfig(a) {
+    const point = (label, color, graphs, waste) => ({
+      label, type: "scatter", backgroundColor: color, borderColor: color, pointRadius: 6,
+      data: [{ x: graphs, y: waste === null ? null : waste * 100 }],
+    });
+    return {
+      type: "line",
+      data: { datasets: [
+        { label: "best sizes for this many graphs", borderColor: COLORS.waste, backgroundColor: COLORS.waste,
+          pointRadius: 0, borderWidth: 2,
+          data: a.curve.map((p) => ({ x: p.graphs, y: p.padding_waste === null ? null : p.padding_waste * 100 })) },
+        point("now", COLORS.capture, a.current.graphs, a.current.traffic.padding_waste),
+        point("advised", COLORS.full, a.graphs, a.advised.traffic.padding_waste),
+      ] },
+      options: Object.assign(baseOptions(), {
+        scales: { x: { type: "linear", min: 1, title: { display: true, text: "graphs (capture sizes)" }, grid: { display: false } },
+                  y: { min: 0, ticks: { callback: (v) => v + " %" }, grid: { color: COLORS.grid },
+                       title: { display: true, text: "padding waste" } } },
+        plugins: Object.assign(baseOptions().plugins, {
+          tooltip: { callbacks: { label: (c) => c.dataset.label + ": " + c.parsed.x + " graphs, " +
+                                               (c.parsed.y === null ? "\u2013" : c.parsed.y.toFixed(1) + " %") } },
+        }),
+      }),
+    };
+  }
+
+  /* Copy a config line: the clipboard API where the page may use it, else select it for the reader. */
+  function copyButtons() {
+    document.querySelectorAll("button[data-copy]").forEach((button) => {
+      button.addEventListener("click", async () => {
+        const source = document.getElementById(button.dataset.copy);
+        try {
+          await navigator.clipboard.writeText(source.textContent);
+          button.textContent = "Copied";
+        } catch (_error) {
+          const range = document.createRange();
+          range.selectNodeContents(source);
+          const selection = window.getSelection();
+          selection.removeAllRanges();
+          selection.addRange(range);
+          button.textContent = "Selected: press Ctrl+C";
+        }
+      });
+    });
+  }
+
+  function advicePage() {
+    copyButtons();
+    const data = readJson("advice-data");
+    if (!data || !data.advice || !chartsAvailable()) return;
+    [["chart-advice-sizes", adviceSizesConfig], ["chart-advice-curve", adviceCurveConfig]].forEach(([id, config]) => {
+      const canvas = document.getElementById(id);
+      if (canvas) new window.Chart(canvas, config(data.advice));
+    });
+  }
+
   function runsPage() {
     const form = document.getElementById("compare-form");
     const button = document.getElementById("compare-button");
@@ -350,6 +428,7 @@
     "pages.overview": overview,
     "pages.graph": graphPage,
     "pages.runs": runsPage,
+    "pages.advice": advicePage,
   };
 
   /* Filter drop-downs apply as soon as they change (no inline handlers: the CSP forbids them). */

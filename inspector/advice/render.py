@@ -36,6 +36,8 @@ def _projection(p: Projection, advice: Advice) -> dict[str, Any]:
         "capture_sizes": list(p.capture_sizes),
         "graphs": len(p.capture_sizes),
         "traffic": p.traffic.as_dict(),
+        "by_size": [{"captured_size": size, **t.as_dict()} for size, t in zip(p.capture_sizes, p.by_size,
+                                                                               strict=True)],
     }
     if advice.costs is not None:
         figures["capture_seconds"] = advice.costs.capture_seconds(p.capture_sizes)

@@ -201,8 +201,29 @@ def test_runs_page_compares_two_ticked_runs(visit: Visit, ids: dict[str, int]) -
     assert "llama-1b decode (H200)" in table and "ci smoke (eager backend)" in table
 
 
+def test_advice_page_draws_its_charts_and_copies_each_engine_s_line(visit: Visit) -> None:
+    page = visit.open("/advice")
+    assert visit.charts_drawn() == {"chart-advice-sizes": True, "chart-advice-curve": True}
+    assert "%" in page.locator("#advised-waste").inner_text()
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=visit.daemon.url.rstrip("/"))
+    for engine in ("vllm", "sglang", "tensorrt_llm", "capture_core"):
+        page.locator(f"button[data-copy=config-{engine}]").click()
+        page.wait_for_function(
+            f"() => document.querySelector('button[data-copy=config-{engine}]').textContent === 'Copied'")
+        line = page.locator(f"#config-{engine}").inner_text()
+        assert page.evaluate("() => navigator.clipboard.readText()") == line
+    assert line.startswith("sizes=[")
+    page.fill("input[name=max_graphs]", "3")
+    page.get_by_role("button", name="Advise").click()
+    page.wait_for_url("**/advice?*max_graphs=3*")
+    page.wait_for_load_state("networkidle")
+    assert page.locator("#advised-graphs").inner_text() == "3"
+    assert visit.charts_drawn()["chart-advice-curve"]
+
+
 def test_json_twins_and_health_answer_over_the_real_server(visit: Visit) -> None:
-    for path in ("api/summary", "api/graphs", "api/violations", "api/compile", "api/runs", "healthz"):
+    for path in ("api/summary", "api/graphs", "api/violations", "api/compile", "api/runs", "api/advice",
+                 "healthz"):
         body = visit.page.request.get(visit.daemon.url + path).json()
         assert body["ok"] is True, (path, body)
     metrics = visit.page.request.get(visit.daemon.url + "metrics")
