@@ -117,3 +117,13 @@ def test_a_database_with_no_traffic_or_no_graphs_says_so(sqlite_url: str) -> Non
     assert json.loads(compared.stdout)["advised"]["capture_sizes"] == [5]
     missing = cli("--db", f"sqlite:///{Path(sqlite_url.removeprefix('sqlite:///')).parent / 'none.db'}")
     assert missing.returncode == 2 and "no database at" in missing.stderr
+
+
+def test_a_long_histogram_shows_the_optimiser_s_progress(sqlite_url: str) -> None:
+    with Recorder(sqlite_url, label="wide") as recorder:
+        for size in range(1, 3001):
+            recorder.on_eager(EagerReason.ABOVE_MAX_CAPTURE_SIZE, size, FULL)
+    result = cli("--db", sqlite_url, "--current", "4096", "--max-graphs", "8")
+    assert result.returncode == 0, result.stderr
+    assert "Advising [" in result.stderr and "127/127" in result.stderr, result.stderr
+    assert "graph-inspector advise: 8 capture sizes for 3,000 batches of 1..3000 tokens" in result.stdout
