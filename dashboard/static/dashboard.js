@@ -315,7 +315,8 @@
   function adviceSizesConfig(a) {
     const bars = (label, color, projection) => ({
       label, backgroundColor: color, barThickness: 6,
-      data: projection.by_size.map((row) => ({ x: row.captured_size, y: row.padding_tokens, waste: row.padding_waste })),
+      data: projection.by_size.map((row) => ({ x: row.captured_size, y: row.traffic.padding_tokens,
+                                                waste: row.traffic.padding_waste })),
     });
     return {
       type: "bar",

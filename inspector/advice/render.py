@@ -32,17 +32,16 @@ ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "tensorrt_llm": "TensorRT-LLM", "
 
 
 def _projection(p: Projection, advice: Advice) -> dict[str, Any]:
-    figures: dict[str, Any] = {
+    costs = advice.costs
+    return {
         "capture_sizes": list(p.capture_sizes),
         "graphs": len(p.capture_sizes),
         "traffic": p.traffic.as_dict(),
-        "by_size": [{"captured_size": size, **t.as_dict()} for size, t in zip(p.capture_sizes, p.by_size,
-                                                                               strict=True)],
+        "by_size": [{"captured_size": size, "traffic": t.as_dict()}
+                    for size, t in zip(p.capture_sizes, p.by_size, strict=True)],
+        "capture_seconds": None if costs is None else costs.capture_seconds(p.capture_sizes),
+        "pool_bytes": None if costs is None else round(costs.pool_bytes(p.capture_sizes)),
     }
-    if advice.costs is not None:
-        figures["capture_seconds"] = advice.costs.capture_seconds(p.capture_sizes)
-        figures["pool_bytes"] = round(advice.costs.pool_bytes(p.capture_sizes))
-    return figures
 
 
 def as_dict(advice: Advice) -> dict[str, Any]:
