@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException, InternalServerError, ServiceUnavailable
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
-from dashboard import api, assets, auth, envelope, pages, units
+from dashboard import api, assets, auth, envelope, pages, units, wsgi
 from dashboard.assets import ChartLibrary
 from dashboard.resources import EXTENSION
 from inspector import schema
@@ -78,7 +78,7 @@ def create_app(
     app.after_request(_security_headers)
 
     app.wsgi_app = DispatcherMiddleware(  # type: ignore[method-assign]
-        app.wsgi_app, {"/metrics": auth.guard_wsgi(make_wsgi_app(registry), state.token)}
+        app.wsgi_app, {"/metrics": wsgi.answer_head(auth.guard_wsgi(make_wsgi_app(registry), state.token))}
     )
     return app
 

@@ -6,6 +6,7 @@ fail the same way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from flask import request
@@ -13,11 +14,17 @@ from werkzeug.exceptions import BadRequest
 
 DEFAULT_PER_PAGE = 50
 MAX_PER_PAGE = 500
+MAX_INTEGER = 2**63 - 1
+"""The largest integer the database holds (SQLite's INTEGER and PostgreSQL's BIGINT are signed 64-bit):
+a larger id or filter could match nothing, and the driver would refuse to send it."""
+INTEGER = re.compile(r"-?[0-9]+")
+"""ASCII digits only: Python's int() would also take '1_0', ' 1' and Unicode digits."""
+SHOWN_CHARS = 40
+"""How much of a rejected value an error message repeats."""
 
 
-def int_arg(
-    name: str, *, default: int | None = None, minimum: int = 1, maximum: int | None = None
-) -> int | None:
+def int_arg(name: str, *, default: int | None = None, minimum: int = 1, maximum: int = MAX_INTEGER
+            ) -> int | None:
     """An integer query argument within bounds, or ``default`` when it is absent or empty."""
     raw = request.args.get(name, "").strip()
     if not raw:
@@ -25,14 +32,15 @@ def int_arg(
     return parse_int(name, raw, minimum=minimum, maximum=maximum)
 
 
-def parse_int(name: str, raw: str, *, minimum: int = 1, maximum: int | None = None) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"{name} must be an integer, got {raw!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bounds = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
-        raise BadRequest(f"{name} must be {bounds}, got {value}")
+def parse_int(name: str, raw: str, *, minimum: int = 1, maximum: int = MAX_INTEGER) -> int:
+    """``raw`` as an integer in ``[minimum, maximum]``, else a 400 that names ``name``."""
+    if not INTEGER.fullmatch(raw):
+        raise BadRequest(f"{name} must be an integer, got {shown(raw)}")
+    digits = len(raw.lstrip("-"))
+    value = int(raw) if digits <= SHOWN_CHARS else None  # longer is out of range: not worth converting
+    if value is None or not minimum <= value <= maximum:
+        got = value if value is not None else f"a {digits}-digit number"
+        raise BadRequest(f"{name} must be between {minimum} and {maximum}, got {got}")
     return value
 
 
@@ -43,8 +51,15 @@ def choice_arg(name: str, choices: Iterable[str], *, default: str | None = None)
         return default
     allowed = list(choices)
     if raw not in allowed:
-        raise BadRequest(f"{name} must be one of {', '.join(allowed)}; got {raw!r}")
+        raise BadRequest(f"{name} must be one of {', '.join(allowed)}; got {shown(raw)}")
     return raw
+
+
+def shown(raw: str) -> str:
+    """A rejected value as an error message repeats it: quoted, cut to SHOWN_CHARS characters."""
+    if len(raw) <= SHOWN_CHARS:
+        return repr(raw)
+    return f"{raw[:SHOWN_CHARS]!r}... ({len(raw):,} characters)"
 
 
 def pagination() -> tuple[int, int]:

@@ -146,7 +146,7 @@ def test_runs_list_and_compare(app: Flask, client: FlaskClient, seeded: dict[str
     ("url", "status", "fragment"),
     [
         ("/api/graphs/abc", 400, "graph id must be an integer"),
-        ("/api/graphs/0", 400, "graph id must be at least 1"),
+        ("/api/graphs/0", 400, "graph id must be between 1 and"),
         ("/api/graphs/999999", 404, "no graph with id 999999"),
         ("/api/violations/999999", 404, "no violation"),
         ("/api/runs/999999", 404, "no run"),
