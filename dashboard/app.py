@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException, InternalServerError, ServiceUnavailable
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
-from dashboard import api, assets, auth, envelope, pages, units, wsgi
+from dashboard import api, assets, auth, downloads, envelope, pages, units, wsgi
 from dashboard.assets import ChartLibrary
 from dashboard.resources import EXTENSION
 from inspector import schema
@@ -70,6 +70,7 @@ def create_app(
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(assets.bp)
+    app.register_blueprint(downloads.bp)
     app.add_url_rule("/healthz", "health", health)
     auth.init_app(app, state.token)
     _register_errors(app)

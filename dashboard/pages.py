@@ -6,11 +6,13 @@ from flask import Blueprint, render_template
 
 from dashboard import resources
 from dashboard.links import url_with_query
+from dashboard.longtext import clip
 from dashboard.resources import GRAPH_MODES, VIOLATION_KINDS, queries
 from inspector.queries import COMPILE_KINDS, GRAPH_SORTS
 
 bp = Blueprint("pages", __name__)
 bp.add_app_template_global(url_with_query)
+bp.add_app_template_global(clip)
 
 
 @bp.get("/")

@@ -46,8 +46,13 @@ def _run_filter() -> int | None:
     return run_id
 
 
-def _id(name: str, raw: str) -> int:
-    return parse_int(f"{name} id", raw)
+def _one(name: str, raw_id: str, find: Callable[[int], dict[str, Any] | None]) -> Resource:
+    """The ``name`` whose id is the path's ``raw_id``: a 400 for a bad id, a 404 for no such one."""
+    item_id = parse_int(f"{name} id", raw_id)
+    found = find(item_id)
+    if found is None:
+        raise NotFound(f"no {name} with id {item_id}")
+    return Resource(found)
 
 
 def summary() -> Resource:
@@ -71,11 +76,7 @@ def graphs() -> Resource:
 
 
 def graph(raw_id: str) -> Resource:
-    graph_id = _id("graph", raw_id)
-    found = queries().graph(graph_id)
-    if found is None:
-        raise NotFound(f"no graph with id {graph_id}")
-    return Resource(found)
+    return _one("graph", raw_id, queries().graph)
 
 
 def _by_run_and_kind(kinds: tuple[str, ...], fetch: Callable[..., Page]) -> Resource:
@@ -92,15 +93,15 @@ def violations() -> Resource:
 
 
 def violation(raw_id: str) -> Resource:
-    violation_id = _id("violation", raw_id)
-    found = queries().violation(violation_id)
-    if found is None:
-        raise NotFound(f"no violation with id {violation_id}")
-    return Resource(found)
+    return _one("violation", raw_id, queries().violation)
 
 
 def compile_events() -> Resource:
     return _by_run_and_kind(COMPILE_KINDS, queries().compile_events)
+
+
+def compile_event(raw_id: str) -> Resource:
+    return _one("compile event", raw_id, queries().compile_event)
 
 
 def runs() -> Resource:
@@ -109,11 +110,7 @@ def runs() -> Resource:
 
 
 def run(raw_id: str) -> Resource:
-    run_id = _id("run", raw_id)
-    found = queries().run(run_id)
-    if found is None:
-        raise NotFound(f"no run with id {run_id}")
-    return Resource(found)
+    return _one("run", raw_id, queries().run)
 
 
 def compare() -> Resource:

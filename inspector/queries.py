@@ -372,6 +372,11 @@ class Queries:
             total, rows = _page_of(session, CompileRecord, filters, order, page, per_page)
             return Page([fields.compile_event(r) for r in rows], page, per_page, total)
 
+    def compile_event(self, event_id: int) -> dict[str, Any] | None:
+        with self._session() as session:
+            found = session.get(CompileRecord, event_id)
+            return fields.compile_event(found) if found else None
+
 
 def _window_fields(start: float, end: float, replays: int, real: int, padding: int) -> dict[str, Any]:
     """One replay window of a graph's history, with its padding waste."""

@@ -22,6 +22,7 @@ from inspector.store import Store, open_store
 from inspector.watch.compile_log import SKIP_LOGGER, compile_event_from_record
 from inspector.watch.watcher import CompileEvent, CompileEventKind
 from inspector.writer import record_compile_event
+from tests.support.browser import CHROMIUM, chromium
 from tests.support.sample import seed_sample
 
 COMPILE_SKIPS = [
@@ -102,6 +103,15 @@ def app(db_url: str, seeded: dict[str, int]) -> Iterator[Flask]:
 @pytest.fixture
 def client(app: Flask) -> FlaskClient:
     return app.test_client()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Debian's headless Chromium (one per test module), or a skip where it is not installed."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (scripts/setup --dev installs it)")
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -18,7 +18,7 @@ from capture_core import DecodeRunner, GraphRuntime
 from capture_core.reference import ModelConfig, ReferenceDecoder
 from inspector import Recorder
 from inspector.store import Store, open_store
-from tests.support.browser import CHARTS_DRAWN, CHROMIUM, chromium
+from tests.support.browser import CHARTS_DRAWN
 from tests.support.daemon import Daemon
 from tests.support.sample import flush_eager_batch
 
@@ -71,14 +71,6 @@ def one_window(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 @pytest.fixture(scope="module")
 def ids(seeded_template: tuple[Path, dict[str, int]]) -> dict[str, int]:
     return seeded_template[1]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    if not CHROMIUM.exists():
-        pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (scripts/setup --dev installs it)")
-    with chromium() as launched:
-        yield launched
 
 
 class Visit:

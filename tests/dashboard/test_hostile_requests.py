@@ -137,13 +137,14 @@ def test_head_of_metrics_without_the_token_is_a_401_without_a_body(guarded: Flas
 
 
 def concrete_paths(app: Flask, ids: dict[str, int]) -> list[str]:
-    """Every route of ``app`` with valid path arguments."""
+    """Every route of ``app`` with valid path arguments (and the query a route needs)."""
     rules, known = app_routes(app)
     values = {"graph_id": ids["eager_graph"], "violation_id": ids["drift"], "run_id": ids["eager_run"],
-              **{name: options[0] for name, options in known.items()}}
-    compare = f"?a={ids['cuda_run']}&b={ids['eager_run']}"
+              **{name: options[0] for name, options in known.items()}, "resource": "violations",
+              "item_id": ids["drift"]}
+    needs = {"/compare": f"?a={ids['cuda_run']}&b={ids['eager_run']}", "<item_id>": "?field=message"}
     return [re.sub(r"<(?:\w+:)?(\w+)>", lambda m: str(values[m.group(1)]), rule)
-            + (compare if rule.endswith("/compare") else "") for rule in rules]
+            + "".join(query for end, query in needs.items() if rule.endswith(end)) for rule in rules]
 
 
 @FUZZ

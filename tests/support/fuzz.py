@@ -24,6 +24,7 @@ from flask import Flask
 from hypothesis import strategies as st
 
 from dashboard.assets import STATIC_DIR
+from dashboard.downloads import RESOURCES
 
 METRICS = "/metrics"
 METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "DELETE", "PATCH", "TRACE", "PROPFIND")
@@ -48,6 +49,7 @@ KNOWN_VALUES: dict[str, tuple[str, ...]] = {
     "kind": ("address_drift", "unexpected_capture", "compile_skip", "compile_rerecord"),
     "a": ("1", "2"),
     "b": ("1", "2"),
+    "field": ("message", "stack", "inputs.0.name", "config", "run.config.sizes", "reason"),
 }
 """The dashboard's query parameters with values that are valid on some page."""
 BROKEN_QUERY_PARTS = ("%", "%zz", "%0", "=", "&", "==", "a=%", ";", "+", "%%", "&=&")
@@ -125,7 +127,7 @@ def app_routes(app: Flask) -> tuple[list[str], dict[str, list[str]]]:
     rules = sorted({rule.rule for rule in app.url_map.iter_rules()} | {METRICS})
     digest = app.extensions["graph_inspector"].chart.digest
     known = {"filename": sorted(p.name for p in STATIC_DIR.iterdir()), "digest": [digest or "0" * 16],
-             "unknown": ["summary", "nothing-here"]}
+             "unknown": ["summary", "nothing-here"], "resource": list(RESOURCES)}
     return rules, known
 
 
