@@ -151,7 +151,7 @@ def main() -> int:
     scratch = tempfile.TemporaryDirectory()
     url = f"sqlite:///{Path(scratch.name) / 'fuzz.db'}"
     store = open_store(url, upgrade=True)
-    seed_sample(store.engine, now=time.time())
+    seed_sample(store, now=time.time())
     store.dispose()
     probe_app = create_app(url)
     rules, known = app_routes(probe_app)

@@ -16,7 +16,7 @@ from flask import request, url_for
 
 QUERY_PARAMS: dict[str, tuple[str, ...]] = {
     "summary": ("run",),
-    "graphs": ("run", "mode", "size", "sort", "order", "page", "per_page"),
+    "graphs": ("run", "mode", "size", "sort", "order", "group", "page", "per_page"),
     "violations": ("run", "kind", "page", "per_page"),
     "compile_events": ("run", "kind", "page", "per_page"),
     "runs": ("page", "per_page"),

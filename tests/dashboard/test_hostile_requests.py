@@ -5,6 +5,7 @@ every method (the strategies of tests/support/fuzz.py; bench/fuzz_requests.py se
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -15,16 +16,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import flask
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from werkzeug.datastructures import ImmutableMultiDict
+from werkzeug.exceptions import HTTPException
 
+from dashboard import resources
 from dashboard.app import create_app
+from dashboard.links import QUERY_PARAMS
 from dashboard.params import MAX_INTEGER
-from tests.support.daemon import REPO_ROOT, Daemon
+from tests.support.daemon import Daemon
 from tests.support.fuzz import METHODS, METRICS, FuzzRequest, app_routes, encode, problems, requests
+from tests.support.installed import REPO_ROOT
 
 TOO_BIG = MAX_INTEGER + 1
 FUZZ = settings(max_examples=400, deadline=None, database=None,
@@ -118,6 +125,29 @@ def test_links_carry_the_pages_own_parameters_and_nothing_else(client: FlaskClie
     assert "junk" not in html and "page=9" not in html
     twin = client.get(f"/runs/compare?a={run}&b={seeded['eager_run']}&x=1").get_data(as_text=True)
     assert f'href="/api/runs/compare?a={run}&amp;b={seeded["eager_run"]}"' in twin
+
+
+class ReadArgs(ImmutableMultiDict):
+    """A request's query that remembers which parameters were asked for."""
+
+    asked: set[str]
+
+    def get(self, key, default=None, type=None):  # type: ignore[no-untyped-def, override]
+        self.asked.add(key)
+        return super().get(key, default, type)
+
+
+@pytest.mark.parametrize("resource", sorted(QUERY_PARAMS))
+def test_the_links_know_every_parameter_the_resource_reads(app: Flask, resource: str) -> None:
+    """A page's links carry exactly what its resource reads: a parameter added to or renamed in
+    dashboard.resources without dashboard.links.QUERY_PARAMS would fail here."""
+    with app.test_request_context("/"):
+        args = ReadArgs()
+        args.asked = set()
+        flask.request.args = args  # type: ignore[misc]
+        with contextlib.suppress(HTTPException):  # compare refuses a query without runs, having read it
+            getattr(resources, resource)()
+    assert args.asked == set(QUERY_PARAMS[resource])
 
 
 def test_head_is_answered_on_every_route_like_get(app: Flask, client: FlaskClient, seeded: dict[str, int]

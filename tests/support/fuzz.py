@@ -27,6 +27,7 @@ from dashboard.assets import STATIC_DIR
 from dashboard.downloads import RESOURCES
 
 METRICS = "/metrics"
+OPENAPI = "/api/openapi.json"
 METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "DELETE", "PATCH", "TRACE", "PROPFIND")
 INT64 = 2**63
 HUGE_INTEGERS = (INT64, INT64 - 1, -INT64, -INT64 - 1, 2**64, 10**30, 10**100)
@@ -44,6 +45,7 @@ KNOWN_VALUES: dict[str, tuple[str, ...]] = {
     "size": ("1", "8", "256"),
     "sort": ("id", "run", "mode", "size", "capture_seconds", "pool_bytes", "captured_at"),
     "order": ("asc", "desc"),
+    "group": ("function",),
     "page": ("1", "2", "3"),
     "per_page": ("1", "10", "500"),
     "kind": ("address_drift", "unexpected_capture", "compile_skip", "compile_rerecord"),
@@ -149,7 +151,8 @@ def problems(request: FuzzRequest, status: int, body: bytes) -> list[str]:
         if body:
             found.append(f"HEAD answered with a {len(body)}-byte body")
         return found
-    if request.under_api and (request.method != "OPTIONS" or status >= 400):
+    document = request.path == OPENAPI and status < 400  # the API's own description, not an answer
+    if request.under_api and (request.method != "OPTIONS" or status >= 400) and not document:
         found.extend(_envelope_problems(status, body))
     return found
 
