@@ -21,6 +21,7 @@ QUERY_PARAMS: dict[str, tuple[str, ...]] = {
     "compile_events": ("run", "kind", "page", "per_page"),
     "runs": ("page", "per_page"),
     "compare": ("a", "b"),
+    "advice": ("run", "max_graphs", "max_size"),
 }
 """The query parameters of each resource (``dashboard.resources``), for its page and its JSON twin
 alike; keep it in step with what the resource reads."""
