@@ -570,7 +570,8 @@ class DPBench:
         args = self._args(plan.padded)
         kv_before = self.kv_cache.clone()
         graphs = self.wrappers[self.step_payload]["ubatched"]
-        replayed = plan.padded in graphs.graphs and plan.padded_slices is not None
+        held = BatchDescriptor(plan.padded, plan.padded, True) in graphs.graphs
+        replayed = held and plan.padded_slices is not None
 
         def fresh(fn: Any) -> torch.Tensor:
             self.kv_cache.copy_(kv_before)
@@ -667,11 +668,12 @@ class DPBench:
     def graph_summary(self) -> list[dict[str, Any]]:
         out = []
         for payload, wrappers in self.wrappers.items():
-            for tokens, entry in sorted(wrappers["ubatched"].graphs.items()):
+            held = wrappers["ubatched"].graphs.values()
+            for entry in sorted(held, key=lambda e: e.descriptor.num_tokens):
                 out.append(
                     {
                         "wrapper": _wrapper_names(payload)["ubatched"],
-                        "num_tokens": tokens,
+                        "num_tokens": entry.descriptor.num_tokens,
                         "num_ubatches": entry.num_ubatches,
                         "pool_bytes": entry.pool_bytes,
                         "capture_s": entry.capture_seconds,

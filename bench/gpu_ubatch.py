@@ -209,7 +209,7 @@ def build(work: Workload, case: CommCase, backend: str) -> dict[str, Any]:
         for fn in graphs.values():
             fn()
     capture_s = time.perf_counter() - started
-    entry = wrappers[OVERLAPPED].graphs[work.tokens]
+    entry = wrappers[OVERLAPPED].graphs[work.descriptor]
     return {
         "graphs": graphs,
         "eager": {

@@ -8,10 +8,11 @@ ordinary ``CUDAGraphWrapper`` in PIECEWISE mode. One forward pass replays segmen
 eagerly, replays the next segment, and so on.
 
 :class:`PiecewiseGraph` keys all of a pass's segment graphs by one descriptor (``num_tokens``,
-``num_reqs=None``) and speaks for them: the capture guard is asked once per descriptor, the
-observer sees one capture (with ``num_segments`` and the segments' summed pool memory) and one
-replay per pass, while every segment's inputs, positional and keyword, are address-checked at
-each replay and a drift names the segment and the input.
+``num_reqs=None``) and speaks for them, through the same graph-serving core as every other graph:
+the capture guard is asked once per descriptor, the observer sees one capture (with
+``num_segments`` and the segments' summed pool memory) and one replay per pass, while every
+segment's inputs, positional and keyword, are checked at each replay and a violation names the
+segment and the input.
 
 A break point must not return a tensor the next segment reads: it fills an output buffer that
 the code before it allocated. That buffer is then an output of the previous segment, so it lives
@@ -20,21 +21,22 @@ at a fixed address in the graph pool and the next segment's address check holds.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
+from capture_core.checks import InputLayout
 from capture_core.descriptor import BatchDescriptor
-from capture_core.events import CaptureEvent, NullObserver
-from capture_core.forward_context import ForwardContext, get_forward_context
+from capture_core.events import CaptureEvent
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import CaptureDecision, GraphRuntime
-from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
+from capture_core.wrapper import CUDAGraphWrapper, GraphCall, GraphEntry
 
 _BREAK_ATTR = "_graph_inspector_break_point"
 _PIECEWISE = CUDAGraphMode.PIECEWISE
@@ -149,55 +151,48 @@ def _name_break_point_inputs(model: nn.Module, graph: fx.Graph) -> fx.Graph:
     return renamed
 
 
-@dataclass
-class PiecewiseEntry:
-    """One piecewise graph: the segment graphs captured for one descriptor."""
+class _SegmentPass:
+    """The "graph" of a piecewise entry: the split model, whose segment wrappers replay their graphs
+    for the pass's descriptor while the break points run eagerly between them."""
 
-    descriptor: BatchDescriptor
-    segments: tuple[GraphEntry, ...]
-    capture_seconds: float
-    """Wall time of the whole capturing pass: warm-ups, captures and the eager attention between."""
-    pool_bytes: int
-    unexpected: bool
-    captured_at: float = field(default_factory=time.time)
+    pool_bytes = 0
+
+    def __init__(self, module: fx.GraphModule, capture_seconds: float) -> None:
+        self.module = module
+        self.capture_seconds = capture_seconds
+        self.outputs = None
+
+    def run(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        return self.module(*args, **kwargs)
+
+
+@dataclass
+class PiecewiseEntry(GraphEntry):
+    """One piecewise graph: the segment graphs captured for one descriptor, replayed as one pass."""
+
+    segments: tuple[GraphEntry, ...] = ()
+
+    runs_pass: ClassVar[bool] = True
 
     @property
     def num_segments(self) -> int:
         return len(self.segments)
 
-
-class _SegmentRuntime:
-    """The runtime as the segment wrappers see it: the shared one, with the piecewise graph
-    speaking for them to the capture guard and the observer.
-
-    The segments share the real runtime's backend (and so its one pool), capture lock, warm-up
-    count, address-check mode and violation reports. Their capture events and per-replay observer
-    calls are dropped (the piecewise graph reports one capture and one replay per pass), and whether
-    they may capture is the piecewise graph's decision for the current pass.
-    """
-
-    def __init__(self, runtime: GraphRuntime) -> None:
-        self._runtime = runtime
-        self.observer = NullObserver()
-        self.decision: CaptureDecision | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._runtime, name)
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Every segment's inputs, named ``segment<i>.<input>``."""
+        return tuple(
+            f"segment{index}.{name}" for index, seg in enumerate(self.segments) for name in seg.input_names
+        )
 
     @property
-    def address_check(self) -> Any:
-        """Read on every segment replay: a property, not the slower ``__getattr__`` fallback."""
-        return self._runtime.address_check
+    def input_addresses(self) -> tuple[int, ...]:
+        return tuple(address for seg in self.segments for address in seg.input_addresses)
 
-    def admit_capture(
-        self, wrapper: str, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int
-    ) -> CaptureDecision:
-        if self.decision is not None:
-            return self.decision
-        return self._runtime.admit_capture(wrapper, mode, descriptor, num_real_tokens)
-
-    def report_capture(self, event: CaptureEvent) -> None:
-        """Dropped: the piecewise graph reports the pass's segments as one capture."""
+    def capture_event(self, wrapper: str, backend: str, warmup_iters: int) -> CaptureEvent:
+        return dataclasses.replace(
+            super().capture_event(wrapper, backend, warmup_iters), num_segments=self.num_segments
+        )
 
 
 class PiecewiseGraph:
@@ -207,6 +202,13 @@ class PiecewiseGraph:
     mode is PIECEWISE it replays (or, on first use in the capture phase, captures) the segments
     for the context's descriptor; under any other mode or outside a context it calls the model
     itself, so a FULL wrapper around it captures the whole model for decode batches.
+
+    One graph-serving core (``CUDAGraphWrapper``) serves the pass, with this object as its graph
+    source: the capture guard is asked once per descriptor and the observer sees one capture (with
+    ``num_segments`` and the segments' summed pool memory) and one replay per pass. Each segment
+    is a core of its own that speaks to no observer (the pass does) and captures on the pass's
+    decision; its inputs, positional and keyword, are checked at every replay, and a violation
+    names the segment and the input.
     """
 
     def __init__(self, model: nn.Module, runtime: GraphRuntime, name: str | None = None) -> None:
@@ -216,18 +218,15 @@ class PiecewiseGraph:
         self.split = split_at_break_points(model)
         # A FULL wrapper around this object names its inputs by the model's parameters.
         self.__signature__ = inspect.signature(model.forward)
-        self._segment_runtime = _SegmentRuntime(runtime)
         self.segments: list[CUDAGraphWrapper] = []
         for index, child in enumerate(self.split.segment_names):
             wrapper = CUDAGraphWrapper(
-                getattr(self.split.module, child),
-                self._segment_runtime,  # type: ignore[arg-type]  # duck-typed view of the runtime
-                _PIECEWISE,
-                name=f"{self.name}/segment{index}",
+                getattr(self.split.module, child), runtime, _PIECEWISE,
+                name=f"{self.name}/segment{index}", reports=False,
             )
             setattr(self.split.module, child, _WrappedSegment(wrapper))
             self.segments.append(wrapper)
-        self._graphs: dict[BatchDescriptor, PiecewiseEntry] = {}
+        self.core = CUDAGraphWrapper(model, runtime, _PIECEWISE, name=self.name, source=self)
 
     @property
     def num_segments(self) -> int:
@@ -238,79 +237,48 @@ class PiecewiseGraph:
         return len(self.split.break_names)
 
     @property
-    def graphs(self) -> Mapping[BatchDescriptor, PiecewiseEntry]:
-        """What this piecewise graph holds: descriptor -> its segments (read-only view)."""
-        return dict(self._graphs)
+    def graphs(self) -> Mapping[BatchDescriptor, GraphEntry]:
+        """What this piecewise graph holds: descriptor -> its ``PiecewiseEntry`` (read-only view)."""
+        return self.core.graphs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        context = get_forward_context()
-        if context is None or context.mode is not _PIECEWISE:
-            return self.model(*args, **kwargs)
-        if context.descriptor in self._graphs:
-            self.runtime.observer.on_replay(context.mode, context.descriptor, context.num_real_tokens)
-            return self.split.module(*args, **kwargs)
-        return self._capture_or_fallback(context, args, kwargs)
+        return self.core(*args, **kwargs)
 
-    def _capture_or_fallback(
-        self, context: ForwardContext, args: Sequence[Any], kwargs: dict[str, Any]
-    ) -> Any:
-        runtime, segment_runtime = self.runtime, self._segment_runtime
-        with runtime.capture_lock:
-            if context.descriptor in self._graphs:  # another thread captured it while this one waited
-                return self(*args, **kwargs)
-            decision = runtime.admit_capture(
-                self.name, context.mode, context.descriptor, context.num_real_tokens
-            )
-            if decision is CaptureDecision.EAGER:
-                return self.model(*args, **kwargs)
-            segment_runtime.decision = decision
-            start = time.perf_counter()
-            try:
-                outputs = self.split.module(*args, **kwargs)
-            finally:
-                segment_runtime.decision = None
-            seconds = time.perf_counter() - start
-            self._record(context.descriptor, seconds, decision is CaptureDecision.CAPTURE_UNEXPECTED)
-            return outputs
+    def run_eagerly(self, call: GraphCall) -> Any:
+        return self.model(*call.args, **call.kwargs)
 
-    def _record(self, descriptor: BatchDescriptor, seconds: float, unexpected: bool) -> None:
-        """Keep the pass's segment graphs as one entry and report them as one capture."""
-        segments = tuple(wrapper.graphs.get(descriptor) for wrapper in self.segments)
+    def capture(self, wrapper: CUDAGraphWrapper, call: GraphCall, unexpected: bool) -> tuple[GraphEntry, Any]:
+        """The core's capture of one pass: every segment captures its graph on the pass's decision."""
+        decision = CaptureDecision.CAPTURE_UNEXPECTED if unexpected else CaptureDecision.CAPTURE
+        for segment in self.segments:
+            segment.decision = decision
+        start = time.perf_counter()
+        try:
+            outputs = self.split.module(*call.args, **call.kwargs)
+        finally:
+            for segment in self.segments:
+                segment.decision = None
+        seconds = time.perf_counter() - start
+        descriptor = call.context.descriptor
+        segments = tuple(segment.lookup(descriptor) for segment in self.segments)
         missing = [w.name for w, seg in zip(self.segments, segments, strict=True) if seg is None]
         if missing:
             raise RuntimeError(
                 f"{self.name}: no graph for {descriptor.key} in {', '.join(missing)} after a capturing "
                 "pass; every segment must run once per forward pass"
             )
-        pool_bytes = sum(seg.pool_bytes for seg in segments)
-        entry = PiecewiseEntry(descriptor, segments, seconds, pool_bytes, unexpected)
-        self._graphs[descriptor] = entry
-        names = tuple(
-            f"segment{index}.{name}" for index, seg in enumerate(segments) for name in seg.input_names
+        held = tuple(seg for seg in segments if seg is not None)
+        entry = PiecewiseEntry(
+            descriptor, _PIECEWISE, _SegmentPass(self.split.module, seconds), InputLayout(()), seconds,
+            sum(seg.pool_bytes for seg in held), unexpected, segments=held,
         )
-        addresses = tuple(address for seg in segments for address in seg.input_addresses)
-        self.runtime.report_capture(
-            CaptureEvent(
-                descriptor=descriptor,
-                mode=_PIECEWISE,
-                backend=self.runtime.backend_name,
-                wrapper=self.name,
-                input_names=names,
-                input_addresses=addresses,
-                capture_seconds=seconds,
-                pool_bytes=pool_bytes,
-                warmup_iters=self.runtime.warmup_iters,
-                num_segments=len(segments),
-                unexpected=unexpected,
-                captured_at=entry.captured_at,
-            )
-        )
+        return entry, outputs
 
     def __repr__(self) -> str:
         return (
             f"PiecewiseGraph({self.name!r}, segments={self.num_segments}, "
             f"break_points={self.num_break_points}, backend={self.runtime.backend_name}, "
-            f"graphs={len(self._graphs)})"
+            f"graphs={len(self.core.graphs)})"
         )
 
 

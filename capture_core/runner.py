@@ -148,10 +148,6 @@ class DecodeRunner:
     @property
     def graphs(self) -> Mapping[BatchDescriptor, GraphEntry]:
         """Every graph this runner holds, by descriptor (micro-batched ones included)."""
-        if isinstance(self.graphed, UBatchWrapper):
-            held: dict[BatchDescriptor, GraphEntry] = dict(self.graphed.plain.graphs)
-            held.update({entry.descriptor: entry for entry in self.graphed.graphs.values()})
-            return held
         return self.graphed.graphs
 
     def _context(

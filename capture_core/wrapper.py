@@ -1,11 +1,19 @@
-"""``CUDAGraphWrapper``: wraps a callable and serves it from captured graphs, one per descriptor.
+"""``CUDAGraphWrapper``: the one graph-serving core every kind of graph in this package goes through.
 
-The wrapper reads the forward context. Outside one, or when the context's runtime mode is not the
-wrapper's, it just calls the callable (a FULL wrapper stays out of the way of a PIECEWISE batch).
-Otherwise the descriptor picks the graph: the first call captures it (inside the capture phase:
-warm-ups, capture, a ``CaptureEvent`` with every tensor input's name and address); later calls
-check the input addresses, tell the observer, and replay. The replay path is kept to a dictionary
-lookup, the address loop and one observer call: it is benchmarked against a bare ``replay()``.
+A wrapper holds graphs keyed by ``BatchDescriptor`` and reads the forward context. Outside one, or
+when the context's runtime mode is not the wrapper's, it just calls the callable (a FULL wrapper
+stays out of the way of a PIECEWISE batch). Otherwise the descriptor picks the graph. The first
+call of a descriptor asks the runtime whether it may capture (under the capture lock, checking
+that no other thread captured it meanwhile) and then captures (warm-ups, capture, a
+``CaptureEvent`` with every tensor input's name and address) or runs the batch eagerly; later
+calls check the inputs, tell the observer, and replay.
+
+What differs between plain, piecewise and micro-batched graphs is data: a ``GraphSource`` says
+what one capture records and how a batch runs without a graph (the callable itself by default; a
+``UBatchWrapper`` captures its ubatch threads, a ``PiecewiseGraph`` the segments of a pass), and
+an entry that ``runs_pass`` replays by running its pass of segment graphs on the call's inputs.
+The replay path is kept to a dictionary lookup, the input check and one observer call: it is
+benchmarked against a bare ``replay()`` (``bench/gpu_overhead.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from capture_core.backends import CapturedGraph
 from capture_core.checks import AddressCheckMode, InputLayout, ParameterNames
@@ -39,9 +47,21 @@ class GraphEntry:
     unexpected: bool
     captured_at: float = field(default_factory=time.time)
 
+    runs_pass: ClassVar[bool] = False
+    """True for an entry replayed by ``graph.run(args, kwargs)`` (a pass of segment graphs) rather
+    than by ``graph.replay()`` into static outputs."""
+
     @property
     def outputs(self) -> Any:
         return self.graph.outputs
+
+    @property
+    def num_ubatches(self) -> int:
+        return 1
+
+    @property
+    def num_segments(self) -> int:
+        return 1
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -54,7 +74,7 @@ class GraphEntry:
     @property
     def addresses(self) -> dict[str, int]:
         """Input name -> captured address."""
-        return dict(zip(self.layout.names, self.layout.addresses, strict=True))
+        return dict(zip(self.input_names, self.input_addresses, strict=True))
 
     def capture_event(self, wrapper: str, backend: str, warmup_iters: int) -> CaptureEvent:
         """What the observer is told of this graph's capture."""
@@ -63,8 +83,8 @@ class GraphEntry:
             mode=self.mode,
             backend=backend,
             wrapper=wrapper,
-            input_names=self.layout.names,
-            input_addresses=self.layout.addresses,
+            input_names=self.input_names,
+            input_addresses=self.input_addresses,
             capture_seconds=self.capture_seconds,
             pool_bytes=self.pool_bytes,
             warmup_iters=warmup_iters,
@@ -73,8 +93,49 @@ class GraphEntry:
         )
 
 
+class GraphCall(NamedTuple):
+    """One call of a wrapper that has no graph for its batch: what a graph source captures or runs."""
+
+    context: ForwardContext
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class GraphSource(Protocol):
+    """What a wrapper captures for a batch, and how it serves a batch it holds no graph for."""
+
+    def capture(self, wrapper: CUDAGraphWrapper, call: GraphCall, unexpected: bool) -> tuple[GraphEntry, Any]:
+        """Capture one graph for ``call.context.descriptor``: its entry, and this call's outputs."""
+        ...
+
+    def run_eagerly(self, call: GraphCall) -> Any:
+        """Serve the batch without a graph."""
+        ...
+
+
+class CallableSource:
+    """A plain graph: the wrapper's callable itself, captured on the call's own arguments."""
+
+    def __init__(self, runnable: Callable[..., Any]) -> None:
+        self.runnable = runnable
+
+    def capture(self, wrapper: CUDAGraphWrapper, call: GraphCall, unexpected: bool) -> tuple[GraphEntry, Any]:
+        entry = wrapper.capture_entry(call, self.runnable, unexpected)
+        return entry, entry.outputs
+
+    def run_eagerly(self, call: GraphCall) -> Any:
+        return self.runnable(*call.args, **call.kwargs)
+
+
 class CUDAGraphWrapper:
-    """Serve ``runnable`` from CUDA graphs (or the eager stand-in) keyed by ``BatchDescriptor``."""
+    """Serve ``runnable`` from CUDA graphs (or the eager stand-in) keyed by ``BatchDescriptor``.
+
+    ``source`` says what a capture records (default: ``runnable`` on the call's arguments).
+    ``reports=False`` makes a wrapper whose owner speaks for it to the observer (the segments of a
+    piecewise graph: one capture and one replay per pass, reported by the pass); its violations are
+    reported all the same. An owner capturing on a wrapper's behalf sets ``decision`` for the
+    duration, instead of the wrapper asking the runtime's capture guard itself.
+    """
 
     def __init__(
         self,
@@ -82,6 +143,9 @@ class CUDAGraphWrapper:
         runtime: GraphRuntime,
         runtime_mode: CUDAGraphMode = CUDAGraphMode.FULL,
         name: str | None = None,
+        *,
+        source: GraphSource | None = None,
+        reports: bool = True,
     ) -> None:
         if runtime_mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
             raise ValueError(f"a graph wrapper serves FULL or PIECEWISE batches, not {runtime_mode.name}")
@@ -90,6 +154,9 @@ class CUDAGraphWrapper:
         self.runtime_mode = runtime_mode
         self.name = name or getattr(runnable, "__qualname__", None) or type(runnable).__name__
         self.parameter_names = ParameterNames.of(runnable)
+        self.source: GraphSource = source if source is not None else CallableSource(runnable)
+        self.reports = reports
+        self.decision: CaptureDecision | None = None
         self._graphs: dict[BatchDescriptor, GraphEntry] = {}
         # id(captured descriptor object) -> entry. Hashing a frozen dataclass costs more than the
         # whole address check, so callers that pass the very descriptor object that was captured
@@ -101,6 +168,13 @@ class CUDAGraphWrapper:
     def graphs(self) -> Mapping[BatchDescriptor, GraphEntry]:
         """What this wrapper holds: descriptor -> captured graph entry (a copy, for inspection)."""
         return dict(self._graphs)
+
+    def lookup(self, descriptor: BatchDescriptor) -> GraphEntry | None:
+        """The graph held for ``descriptor``, if any (by identity first, as the replay path does)."""
+        entry = self._by_identity.get(id(descriptor))
+        if entry is not None and entry.descriptor is descriptor:
+            return entry
+        return self._graphs.get(descriptor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         context = get_forward_context()
@@ -116,49 +190,58 @@ class CUDAGraphWrapper:
         if runtime.address_check is not _OFF:
             drifts = entry.layout.find_drift(args, kwargs)
             if drifts:
-                runtime.report_drift(self.name, context.mode, context.descriptor, drifts)
-        runtime.observer.on_replay(context.mode, descriptor, context.num_real_tokens)
-        entry.graph.replay()
-        return entry.graph.outputs
+                runtime.report_drift(self.name, context.mode, descriptor, drifts)
+        if self.reports:
+            runtime.observer.on_replay(context.mode, descriptor, context.num_real_tokens)
+        graph = entry.graph
+        if entry.runs_pass:
+            return graph.run(args, kwargs)
+        graph.replay()
+        return graph.outputs
 
     def _capture_or_fallback(
-        self, context: ForwardContext, args: Sequence[Any], kwargs: Mapping[str, Any]
+        self, context: ForwardContext, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         runtime = self.runtime
         with runtime.capture_lock:
-            entry = self._graphs.get(context.descriptor)
-            if entry is not None:  # another thread captured it while this one waited
+            if context.descriptor in self._graphs:  # another thread captured it while this one waited
                 return self(*args, **kwargs)
-            decision = runtime.admit_capture(
+            decision = self.decision or runtime.admit_capture(
                 self.name, context.mode, context.descriptor, context.num_real_tokens
             )
+            call = GraphCall(context, args, kwargs)
             if decision is CaptureDecision.EAGER:
-                return self.runnable(*args, **kwargs)
-            entry = self.capture(
-                context.mode, context.descriptor, args, kwargs,
-                unexpected=decision is CaptureDecision.CAPTURE_UNEXPECTED,
-            )
-            return entry.outputs
+                return self.source.run_eagerly(call)
+            unexpected = decision is CaptureDecision.CAPTURE_UNEXPECTED
+            entry, outputs = self.source.capture(self, call, unexpected)
+            self._graphs[entry.descriptor] = entry
+            self._by_identity[id(entry.descriptor)] = entry
+            if self.reports:
+                event = entry.capture_event(self.name, runtime.backend_name, runtime.warmup_iters)
+                runtime.report_capture(event)
+            return outputs
 
-    def capture(
+    def capture_entry(
         self,
-        mode: CUDAGraphMode,
-        descriptor: BatchDescriptor,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        unexpected: bool = False,
+        call: GraphCall,
+        fn: Callable[..., Any],
+        unexpected: bool,
+        *,
+        captured_args: tuple[Sequence[Any], Mapping[str, Any]] | None = None,
+        entry_type: type[GraphEntry] = GraphEntry,
+        **fields: Any,
     ) -> GraphEntry:
-        """Warm up, capture and record one graph for ``descriptor`` (no guard: callers check)."""
+        """Record the call's inputs, capture ``fn`` (on ``captured_args``, by default the call's own
+        arguments) and build the entry: the part of a capture every source shares."""
         runtime = self.runtime
-        layout = InputLayout.record(self.parameter_names, args, kwargs)
-        graph = runtime.backend.capture(self.runnable, args, kwargs, runtime.warmup_iters)
-        entry = GraphEntry(
-            descriptor, mode, graph, layout, graph.capture_seconds, graph.pool_bytes, unexpected
+        layout = InputLayout.record(self.parameter_names, call.args, call.kwargs)
+        fn_args, fn_kwargs = captured_args if captured_args is not None else (call.args, call.kwargs)
+        graph = runtime.backend.capture(fn, fn_args, fn_kwargs, runtime.warmup_iters)
+        context = call.context
+        return entry_type(
+            context.descriptor, context.mode, graph, layout, graph.capture_seconds, graph.pool_bytes,
+            unexpected, **fields,
         )
-        self._graphs[descriptor] = entry
-        self._by_identity[id(descriptor)] = entry
-        runtime.report_capture(entry.capture_event(self.name, runtime.backend_name, runtime.warmup_iters))
-        return entry
 
     def __repr__(self) -> str:
         return (

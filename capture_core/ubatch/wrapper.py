@@ -1,15 +1,16 @@
 """``UBatchWrapper``: serve a model step as micro-batches, captured together into one graph.
 
 The forward context carries the step's ubatch slices (padded, as ``maybe_create_ubatch_slices``
-returns them). With slices and a FULL runtime mode, the first call of a token count captures all
+returns them). With slices and a FULL runtime mode, the first call of a descriptor captures all
 ubatches - each on its own thread, taking turns through a ``UBatchContext`` ring, with their comm
-on a second stream - into ONE graph keyed by that token count; later calls check the input
-addresses and replay it. Without FULL mode the ubatches run on threads without a graph. Without
-slices the step goes to a plain ``CUDAGraphWrapper`` - except for a token count held as a ubatch
-graph, which runs eagerly rather than be captured a second time as a plain graph.
+on a second stream - into ONE graph keyed by that descriptor; later calls check the inputs and
+replay it. Without FULL mode the ubatches run on threads without a graph. A FULL step without
+slices gets a plain graph of the model - except for a descriptor held as a ubatch graph, which
+runs eagerly rather than replay a graph of another split.
 
-Capture, the capture lock, address checks and events are the graph runtime's, exactly as for plain
-graphs: this module only decides what one "call" of the captured callable is.
+The graphs are served by the one graph-serving core (``CUDAGraphWrapper``), with this wrapper as
+its graph source: capture, the capture lock, the checks, the events and the replay are the core's,
+exactly as for plain graphs; this module only decides what one "call" of the captured callable is.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ from typing import Any
 
 import torch
 
-from capture_core.backends import CapturedGraph
-from capture_core.checks import AddressCheckMode, GraphCacheError, InputLayout, ParameterNames
+from capture_core.checks import GraphCacheError, ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent
 from capture_core.forward_context import ForwardContext, get_forward_context, use_forward_context
 from capture_core.modes import CUDAGraphMode
-from capture_core.runtime import CaptureDecision, GraphRuntime
+from capture_core.runtime import GraphRuntime
 from capture_core.sizes import EagerReason
 from capture_core.ubatch.context import (
     DEFAULT_HANDOVER_TIMEOUT_S,
@@ -39,7 +39,7 @@ from capture_core.ubatch.context import (
     make_ubatch_contexts,
 )
 from capture_core.ubatch.slices import UBatchSlice
-from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
+from capture_core.wrapper import CallableSource, CUDAGraphWrapper, GraphCall, GraphEntry
 
 FULL = CUDAGraphMode.FULL
 DEFAULT_TOKEN_INPUTS = ("input_ids", "positions", "slot_ids")
@@ -170,6 +170,10 @@ class UBatchWrapper:
     dimension 0); every other argument (the KV cache, say) is passed whole to every ubatch. The
     model must return one tensor with a row per token. ``handover_timeout`` bounds how long a
     ubatch waits for its turn before the step fails with a clear error instead of hanging.
+
+    Its graphs are served by one ``CUDAGraphWrapper`` (``core``), keyed by descriptor like every
+    other graph, with this wrapper as the core's graph source: a FULL step with slices is captured
+    as one graph of all its ubatches, a FULL step without slices as a plain graph of the model.
     """
 
     def __init__(
@@ -189,16 +193,15 @@ class UBatchWrapper:
         self.token_inputs = frozenset(token_inputs)
         self.handover_timeout = handover_timeout
         self.parameter_names = ParameterNames.of(runnable)
-        self.plain = CUDAGraphWrapper(runnable, runtime, FULL, name=self.name)
-        """Serves FULL steps that are not micro-batched (one plain graph per descriptor)."""
-        self._graphs: dict[int, UBatchGraphEntry] = {}
+        self._plain = CallableSource(runnable)
+        self.core = CUDAGraphWrapper(runnable, runtime, FULL, name=self.name, source=self)
         self._comm_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._lock = threading.Lock()
 
     @property
-    def graphs(self) -> Mapping[int, UBatchGraphEntry]:
-        """Token count -> the micro-batched graph captured for it (read-only view)."""
-        return dict(self._graphs)
+    def graphs(self) -> Mapping[BatchDescriptor, GraphEntry]:
+        """Descriptor -> graph: micro-batched ones (``UBatchGraphEntry``) and plain ones (read-only view)."""
+        return self.core.graphs
 
     def comm_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The stream every ubatch's communication runs on (one per device, made on first use)."""
@@ -212,79 +215,41 @@ class UBatchWrapper:
         context = get_forward_context()
         if context is None:
             return self.runnable(*args, **kwargs)
-        slices = context.ubatch_slices
-        if not slices:
-            return self._not_ubatched(context, args, kwargs)
-        num_tokens = sum(s.num_tokens for s in slices)
         if context.mode is not FULL:
-            return self._step(context, args, kwargs)()
-        entry = self._graphs.get(num_tokens)
-        if entry is None:
-            return self._capture_or_fallback(context, num_tokens, args, kwargs)
-        runtime = self.runtime
-        if runtime.address_check is not AddressCheckMode.OFF:
-            drifts = entry.layout.find_drift(args, kwargs)
-            if drifts:
-                runtime.report_drift(self.name, context.mode, context.descriptor, drifts)
-        runtime.observer.on_replay(context.mode, context.descriptor, context.num_real_tokens)
-        entry.graph.replay()
-        return entry.graph.outputs
+            return self.run_eagerly(GraphCall(context, args, kwargs))
+        if not context.ubatch_slices:
+            held = self.core.lookup(context.descriptor)
+            if isinstance(held, UBatchGraphEntry):
+                # Micro-batching was called off for this step (say, the DP ranks disagreed), but this
+                # size is held as a ubatch graph: run eagerly rather than replay another split.
+                self.runtime.observer.on_eager(EagerReason.UBATCH_GRAPH_ONLY, context.num_real_tokens, FULL)
+                return self.runnable(*args, **kwargs)
+        return self.core(*args, **kwargs)
 
-    def _not_ubatched(self, context: ForwardContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-        if context.mode is FULL and context.descriptor.num_tokens in self._graphs:
-            # Micro-batching was called off for this step (say, the DP ranks disagreed), but this
-            # size is held as a ubatch graph: run eagerly rather than capture a second, plain one.
-            self.runtime.observer.on_eager(EagerReason.UBATCH_GRAPH_ONLY, context.num_real_tokens, FULL)
-            return self.runnable(*args, **kwargs)
-        if context.mode is FULL:
-            return self.plain(*args, **kwargs)
-        return self.runnable(*args, **kwargs)
+    def run_eagerly(self, call: GraphCall) -> Any:
+        """Without a graph: the ubatches on their threads when the step has slices, else the model."""
+        if call.context.ubatch_slices:
+            return self._step(*call)()
+        return self._plain.run_eagerly(call)
 
-    def _capture_or_fallback(
-        self, context: ForwardContext, num_tokens: int, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> Any:
-        runtime = self.runtime
-        with runtime.capture_lock:
-            if num_tokens in self._graphs:  # another thread captured it while this one waited
-                return self(*args, **kwargs)
-            decision = runtime.admit_capture(
-                self.name, context.mode, context.descriptor, context.num_real_tokens
-            )
-            if decision is CaptureDecision.EAGER:
-                return self._step(context, args, kwargs)()
-            entry = self.capture(
-                context, num_tokens, args, kwargs, unexpected=decision is CaptureDecision.CAPTURE_UNEXPECTED
-            )
-            return entry.outputs
-
-    def capture(
-        self,
-        context: ForwardContext,
-        num_tokens: int,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        unexpected: bool = False,
-    ) -> UBatchGraphEntry:
-        """Warm up, capture all ubatches into one graph and record it (no guard: callers check)."""
-        runtime = self.runtime
-        layout = InputLayout.record(self.parameter_names, args, kwargs)
-        step = self._step(context, args, kwargs)
-        step.prefetch = step.on_gpu and runtime.backend_name == "cuda"
+    def capture(self, wrapper: CUDAGraphWrapper, call: GraphCall, unexpected: bool) -> tuple[GraphEntry, Any]:
+        """The core's capture of one step: all its ubatches into one graph, or a plain graph."""
+        if not call.context.ubatch_slices:
+            return self._plain.capture(wrapper, call, unexpected)
+        step = self._step(*call)
+        step.prefetch = step.on_gpu and self.runtime.backend_name == "cuda"
         if step.prefetch:
             step.prepare()
         try:
-            graph: CapturedGraph = runtime.backend.capture(step, (), {}, runtime.warmup_iters)
+            slices = tuple(ubatch.ubatch_slice for ubatch in step.calls)
+            entry = wrapper.capture_entry(
+                call, step, unexpected, captured_args=((), {}), entry_type=UBatchGraphEntry,
+                ubatch_slices=slices,
+            )
         finally:
             step.prefetch = False
             step.discard()
-        slices = tuple(call.ubatch_slice for call in step.calls)
-        entry = UBatchGraphEntry(
-            context.descriptor, FULL, graph, layout, graph.capture_seconds, graph.pool_bytes, unexpected,
-            ubatch_slices=slices,
-        )
-        self._graphs[num_tokens] = entry
-        runtime.report_capture(entry.capture_event(self.name, runtime.backend_name, runtime.warmup_iters))
-        return entry
+        return entry, entry.outputs
 
     def _step(self, context: ForwardContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -> _UBatchedStep:
         """Split the call's token inputs by the context's slices: one ``_UBatchCall`` per ubatch."""
@@ -312,9 +277,11 @@ class UBatchWrapper:
         return _UBatchedStep(self, calls, token_values[0].device)
 
     def __repr__(self) -> str:
+        held = self.core.graphs.values()
+        ubatched = sorted(e.descriptor.num_tokens for e in held if isinstance(e, UBatchGraphEntry))
         return (
             f"UBatchWrapper({self.name!r}, backend={self.runtime.backend_name}, "
-            f"ubatch_graphs={sorted(self._graphs)}, plain_graphs={len(self.plain.graphs)})"
+            f"ubatch_graphs={ubatched}, plain_graphs={len(held) - len(ubatched)})"
         )
 
 

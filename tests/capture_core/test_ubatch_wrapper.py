@@ -126,13 +126,13 @@ def test_without_graphs_the_ubatches_run_on_their_own_threads(decoder, step, obs
     assert wrapper.graphs == {} and observer.captures == []
 
 
-def test_full_mode_captures_every_ubatch_into_one_graph_keyed_by_token_count(decoder, step, observer) -> None:
+def test_full_mode_captures_every_ubatch_into_one_graph_keyed_by_descriptor(decoder, step, observer) -> None:
     wrapper, probe = make(decoder, observer)
     with wrapper.runtime.capture_phase():
         out, expected = run(wrapper, step, 7, 8)
     torch.testing.assert_close(out, expected)
-    assert list(wrapper.graphs) == [8]
-    entry = wrapper.graphs[8]
+    assert list(wrapper.graphs) == [BatchDescriptor(8, 8, True)]
+    entry = wrapper.graphs[BatchDescriptor(8, 8, True)]
     assert entry.num_ubatches == 2
     first, second = UBatchSlice(slice(0, 4), slice(0, 4)), UBatchSlice(slice(4, 8), slice(4, 8))
     assert entry.ubatch_slices == (first, second)
@@ -182,8 +182,7 @@ def test_a_size_held_as_a_ubatch_graph_is_never_captured_as_a_plain_graph(decode
         # Another size without micro-batching gets an ordinary plain graph.
         run(wrapper, step, 3, 4, ubatch=False)
     assert [(e.descriptor.num_tokens, e.num_ubatches) for e in observer.captures] == [(8, 2), (4, 1)]
-    assert list(wrapper.graphs) == [8]
-    assert [d.num_tokens for d in wrapper.plain.graphs] == [4]
+    assert {d.num_tokens: e.num_ubatches for d, e in wrapper.graphs.items()} == {8: 2, 4: 1}
 
 
 def test_before_the_capture_phase_ubatches_run_eagerly_with_the_reason(decoder, step, observer) -> None:
