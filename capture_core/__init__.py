@@ -116,7 +116,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "padding_stats",
     ),
     "capture_core.ubatch": ("ubatch",),
-    "capture_core.wrapper": ("CUDAGraphWrapper", "GraphEntry"),
+    "capture_core.step_runner": ("StepRunner",),
+    "capture_core.wrapper": ("CUDAGraphWrapper", "CallableSource", "GraphCall", "GraphEntry", "GraphSource"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -10,12 +10,13 @@ wherever it reports, so nobody mistakes its timings for graph timings.
 
 from __future__ import annotations
 
+import abc
 import gc
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 from unittest import mock
 
 import torch
@@ -40,10 +41,15 @@ class CapturedGraph(Protocol):
         """Run the graph again on the captured input memory, refreshing ``outputs`` in place."""
 
 
-class GraphBackend(Protocol):
-    """Captures callables into graphs. One backend object per ``GraphRuntime``."""
+class GraphBackend(abc.ABC):
+    """Captures callables into graphs. One backend object per ``GraphRuntime``.
 
-    name: str
+    A capture is the same on every backend: warm up, then record one call under a frozen garbage
+    collector, timed from the first warm-up. A backend says how it warms up (``warming_up``) and
+    what recording makes (``record``).
+    """
+
+    name: ClassVar[str]
 
     def capture(
         self,
@@ -53,7 +59,26 @@ class GraphBackend(Protocol):
         warmup_iters: int,
     ) -> CapturedGraph:
         """Warm up ``fn`` ``warmup_iters`` times, then capture one call; ``outputs`` hold its results."""
-        ...
+        self.check(fn, args, kwargs)
+        with self.warming_up() as started:
+            for _ in range(warmup_iters):
+                fn(*args, **kwargs)
+        return self.record(fn, args, kwargs, started)
+
+    def check(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Refuse a capture this backend cannot make (the default refuses none)."""
+        return None
+
+    @contextmanager
+    def warming_up(self) -> Iterator[float]:
+        """Around the warm-up runs; yields the capture's start time."""
+        yield time.perf_counter()
+
+    @abc.abstractmethod
+    def record(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], started: float
+    ) -> CapturedGraph:
+        """Record one call of ``fn`` as a graph."""
 
 
 @contextmanager
@@ -109,7 +134,7 @@ class CudaGraph:
         self.replay = graph.replay
 
 
-class CudaGraphBackend:
+class CudaGraphBackend(GraphBackend):
     """Captures into ``torch.cuda.CUDAGraph``; by default every graph shares one memory pool.
 
     Capturing the largest graph first into the shared pool lets every smaller graph reuse its
@@ -142,34 +167,34 @@ class CudaGraphBackend:
             self._pool = torch.cuda.graph_pool_handle()
         return self._pool
 
-    def capture(
-        self,
-        fn: Callable[..., Any],
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        warmup_iters: int,
-    ) -> CudaGraph:
+    def check(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         _require_cuda_work(fn, args, kwargs)
-        pool = self._next_pool()
+
+    @contextmanager
+    def warming_up(self) -> Iterator[float]:
+        """Warm up on a side stream, as torch.cuda.make_graphed_callables does: lazy initialisation
+        (cuBLAS handles, autotuning) happens there and not inside the capture."""
         if self._side_stream is None:
             self._side_stream = torch.cuda.Stream()
         torch.cuda.synchronize()
-        start = time.perf_counter()
-        # Warm up on a side stream, as torch.cuda.make_graphed_callables does: lazy initialisation
-        # (cuBLAS handles, autotuning) happens here and not inside the capture.
+        started = time.perf_counter()
         side = self._side_stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(warmup_iters):
-                fn(*args, **kwargs)
+            yield started
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
+
+    def record(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], started: float
+    ) -> CudaGraph:
+        pool = self._next_pool()
         reserved_before = self._pool_reserved_now(pool)
         graph = torch.cuda.CUDAGraph()
         with gc_frozen(), torch.cuda.graph(graph, pool=pool):
             outputs = fn(*args, **kwargs)
         torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - started
         reserved_after = pool_reserved_bytes(pool)
         self._last_reserved[pool] = (torch.cuda.memory_reserved(), reserved_after)
         # Capturing records kernels without running them: replay once so the outputs are real.
@@ -233,24 +258,17 @@ class EagerGraph:
             copy_outputs(self.outputs, self._fn(*self._args, **self._kwargs))
 
 
-class EagerBackend:
+class EagerBackend(GraphBackend):
     """For hosts without CUDA: same bookkeeping and events; a replay re-runs the callable."""
 
     name = "eager"
 
-    def capture(
-        self,
-        fn: Callable[..., Any],
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        warmup_iters: int,
+    def record(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], started: float
     ) -> EagerGraph:
-        start = time.perf_counter()
-        for _ in range(warmup_iters):
-            fn(*args, **kwargs)
         with gc_frozen():
             outputs = fn(*args, **kwargs)
-        return EagerGraph(fn, args, kwargs, outputs, time.perf_counter() - start)
+        return EagerGraph(fn, args, kwargs, outputs, time.perf_counter() - started)
 
 
 def copy_outputs(destination: Any, source: Any) -> None:

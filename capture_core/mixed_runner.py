@@ -19,15 +19,14 @@ from typing import Any, Protocol
 
 import torch
 
-from capture_core.buffers import BufferSpec, StaticBuffers
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
 from capture_core.faults import plant_address_drift, plant_unexpected_capture
-from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.piecewise import PiecewiseEntry, PiecewiseGraph
 from capture_core.runtime import GraphRuntime
 from capture_core.sizes import SizeTable
+from capture_core.step_runner import StepRunner, Tokens
 from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
 
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
@@ -43,7 +42,7 @@ class StepMetadata(Protocol):
     def query_lens(self) -> tuple[int, ...]: ...
 
 
-class MixedBatchRunner:
+class MixedBatchRunner(StepRunner):
     """Serve flattened mixed prefill/decode steps of a reference-decoder-like model.
 
     ``model(input_ids, positions, slot_ids, kv_cache, attn_metadata=None) -> logits``, with
@@ -61,21 +60,10 @@ class MixedBatchRunner:
         uniform_decode_query_len: int = 1,
         name: str = "model",
     ) -> None:
-        self.model = model
-        self.runtime = runtime
-        self.mode = mode
-        self.dispatcher = CUDAGraphDispatcher(mode, sizes, uniform_decode_query_len=uniform_decode_query_len)
-        self.padding_slot: int = model.config.padding_slot
-        self.device = torch.device(model.config.device)
-        self.kv_cache: torch.Tensor = model.new_kv_cache()
-        self.buffers = StaticBuffers(
-            self.dispatcher.sizes.max_size,
-            {
-                "input_ids": BufferSpec(torch.long, 0),
-                "positions": BufferSpec(torch.long, 0),
-                "slot_ids": BufferSpec(torch.long, self.padding_slot),
-            },
-            device=self.device,
+        dispatcher = CUDAGraphDispatcher(mode, sizes, uniform_decode_query_len=uniform_decode_query_len)
+        super().__init__(
+            model, runtime, dispatcher, padding_slot=model.config.padding_slot,
+            device=torch.device(model.config.device),
         )
         self.piecewise: PiecewiseGraph | None = None
         if mode.has_piecewise_cudagraphs():
@@ -86,16 +74,16 @@ class MixedBatchRunner:
             self.full = CUDAGraphWrapper(inner, runtime, FULL, name=f"{name}.full")
         self._top = self.full if self.full is not None else inner
 
+    def _call_graphs(
+        self, mode: CUDAGraphMode, views: dict[str, torch.Tensor], attn_metadata: Any = None
+    ) -> torch.Tensor:
+        # A FULL graph runs attention on its fixed-shape path; per-request metadata would be baked in.
+        extra = {"attn_metadata": attn_metadata} if mode is PIECEWISE and attn_metadata is not None else {}
+        return self._top(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache, **extra)
+
     def capture(self) -> None:
         """Capture every graph the dispatcher lists, largest first, then lock capture."""
-        self.buffers.reset()  # dummy inputs: every write lands in the spare padding slot
-
-        def capture_one(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> None:
-            views = self.buffers.views(descriptor.num_tokens)
-            with torch.no_grad():
-                self._top(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
-
-        self.runtime.capture_all(self.dispatcher.capture_list(), capture_one, label="Capturing graphs")
+        self._capture_graphs(self.dispatcher.capture_list(), label="Capturing graphs")
 
     def is_uniform_decode(self, attn_metadata: StepMetadata) -> bool:
         """Every request decodes the same number of tokens (what FULL decode graphs serve)."""
@@ -105,6 +93,15 @@ class MixedBatchRunner:
         """Where a step with this metadata goes (no events)."""
         uniform = self.is_uniform_decode(attn_metadata)
         return self.dispatcher.route(attn_metadata.num_actual_tokens, uniform_decode=uniform)
+
+    def count_tokens(self, tokens: Tokens, attn_metadata: Any = None) -> int:
+        """The tokens the metadata describes, which ``input_ids`` must hold."""
+        num_tokens: int = attn_metadata.num_actual_tokens
+        if tokens[0].shape[0] != num_tokens:
+            raise ValueError(
+                f"the metadata describes {num_tokens} tokens but input_ids has {tokens[0].shape[0]}"
+            )
+        return num_tokens
 
     def step(
         self,
@@ -117,45 +114,12 @@ class MixedBatchRunner:
 
         On a graph the result is a view of its static output: read it before the next step.
         """
-        num_tokens = attn_metadata.num_actual_tokens
-        if input_ids.shape[0] != num_tokens:
-            raise ValueError(
-                f"the metadata describes {num_tokens} tokens but input_ids has {input_ids.shape[0]}"
-            )
+        tokens = (input_ids, positions, slot_ids)
+        num_tokens = self.count_tokens(tokens, attn_metadata)
         uniform = self.is_uniform_decode(attn_metadata)
         routed = self.dispatcher.route(num_tokens, uniform_decode=uniform)
-        if routed.eager_reason is not None:
-            wanted = self.mode.decode_mode() if uniform else self.mode.mixed_mode()
-            self.runtime.observer.on_eager(routed.eager_reason, num_tokens, wanted)
-            return self.step_eager(input_ids, positions, slot_ids, attn_metadata)
-        views = self.buffers.load(
-            routed.descriptor.num_tokens, input_ids=input_ids, positions=positions, slot_ids=slot_ids
-        )
-        # A FULL graph runs attention on its fixed-shape path; per-request metadata would be baked in.
-        extra = {"attn_metadata": attn_metadata} if routed.mode is PIECEWISE else {}
-        context = set_forward_context(routed.mode, routed.descriptor, num_tokens, attn_metadata=attn_metadata)
-        with torch.no_grad(), context:
-            logits = self._top(
-                views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache, **extra
-            )
-        return logits[:num_tokens]
-
-    def step_eager(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        slot_ids: torch.Tensor,
-        attn_metadata: StepMetadata,
-    ) -> torch.Tensor:
-        """The same step without graphs or padding: what every replay must equal."""
-        with torch.no_grad():
-            return self.model(
-                input_ids.to(self.device),
-                positions.to(self.device),
-                slot_ids.to(self.device),
-                self.kv_cache,
-                attn_metadata,
-            )
+        wanted = self.mode.decode_mode() if uniform else self.mode.mixed_mode()
+        return self._serve(routed, wanted, tokens, attn_metadata)
 
     @property
     def graphs(self) -> Mapping[BatchDescriptor, GraphEntry | PiecewiseEntry]:

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from capture_core.buffers import BufferSpec, StaticBuffers
 from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
@@ -27,6 +26,7 @@ from capture_core.forward_context import set_forward_context, use_forward_contex
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime
 from capture_core.sizes import SizeTable
+from capture_core.step_runner import INPUT_NAMES, StepRunner, Tokens
 from capture_core.ubatch.slices import (
     UBatchConfig,
     UBatchSlice,
@@ -36,10 +36,8 @@ from capture_core.ubatch.slices import (
 from capture_core.ubatch.wrapper import UBatchWrapper
 from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
 
-INPUT_NAMES = ("input_ids", "positions", "slot_ids")
 
-
-class DecodeRunner:
+class DecodeRunner(StepRunner):
     """Uniform-decode steps (one new token per request) served from FULL graphs per bucket.
 
     ``model`` follows the reference decoder's contract: ``model(input_ids, positions, slot_ids,
@@ -72,33 +70,21 @@ class DecodeRunner:
         if max_num_seqs is None:
             raise ValueError("pass max_num_seqs: the model has no config.max_num_seqs")
         self.max_num_seqs: int = max_num_seqs
-        self.device = torch.device(device if device is not None else getattr(config, "device", "cpu"))
-        if runtime.backend_name == "cuda" and self.device.type != "cuda":
+        device = torch.device(device if device is not None else getattr(config, "device", "cpu"))
+        if runtime.backend_name == "cuda" and device.type != "cuda":
             raise ValueError(
-                f"the cuda graph backend records CUDA work, but the model is on {self.device}: "
+                f"the cuda graph backend records CUDA work, but the model is on {device}: "
                 "move it to the GPU (ModelConfig(device='cuda')) or use the eager backend"
             )
-        self.model = model
-        self.runtime = runtime
-        self.mode = mode
-        self.dispatcher = CUDAGraphDispatcher(mode, sizes)
+        super().__init__(
+            model, runtime, CUDAGraphDispatcher(mode, sizes), padding_slot=max_num_seqs, device=device
+        )
         table = self.dispatcher.sizes
         if table.max_size > self.max_num_seqs:
             raise ValueError(
                 f"the largest capture size {table.max_size} is above max_num_seqs={self.max_num_seqs}: "
                 "a decode step has one token per request, so it can never fill that bucket"
             )
-        self.padding_slot = self.max_num_seqs
-        self.kv_cache: torch.Tensor = model.new_kv_cache()
-        self.buffers = StaticBuffers(
-            table.max_size,
-            {
-                "input_ids": BufferSpec(torch.long, 0),
-                "positions": BufferSpec(torch.long, 0),
-                "slot_ids": BufferSpec(torch.long, self.padding_slot),
-            },
-            device=self.device,
-        )
         self.ubatch = ubatch if ubatch is not None else UBatchConfig()
         self.ubatch_slices: dict[int, tuple[UBatchSlice, ...]] = {}
         """Bucket size -> the micro-batches its graph is captured as (empty: no micro-batching)."""
@@ -151,11 +137,16 @@ class DecodeRunner:
         return self.graphed.graphs
 
     def _context(
-        self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_tokens: int
+        self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_tokens: int, attn_metadata: Any = None
     ) -> use_forward_context:
         """The step's forward context: its micro-batches too when its bucket is micro-batched."""
         slices = self.ubatch_slices.get(descriptor.num_tokens) if mode is CUDAGraphMode.FULL else None
         return set_forward_context(mode, descriptor, num_tokens, ubatch_slices=slices)
+
+    def _call_graphs(
+        self, mode: CUDAGraphMode, views: dict[str, torch.Tensor], attn_metadata: Any = None
+    ) -> torch.Tensor:
+        return self.graphed(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
 
     def capture(self) -> None:
         """Capture every bucket's graph, largest first, with a progress bar; then lock capture.
@@ -164,14 +155,7 @@ class DecodeRunner:
         ``with runtime.capture_phase():``: the lock then falls when that outer phase ends.
         """
         graphs = [(CUDAGraphMode.FULL, d) for d in self.dispatcher.capture_descriptors(CUDAGraphMode.FULL)]
-        self.buffers.reset()  # dummy inputs: every write lands in the spare padding slot
-
-        def capture_one(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> None:
-            views = self.buffers.views(descriptor.num_tokens)
-            with torch.no_grad(), self._context(mode, descriptor, descriptor.num_tokens):
-                self.graphed(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
-
-        self.runtime.capture_all(graphs, capture_one, label=f"Capturing {self.graphed.name} graphs")
+        self._capture_graphs(graphs, label=f"Capturing {self.graphed.name} graphs")
 
     def step(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor
@@ -181,27 +165,12 @@ class DecodeRunner:
         On a graph, the result is a view of the graph's static output: read it (or clone it)
         before the next step overwrites it.
         """
-        num_tokens = _num_tokens(input_ids, positions, slot_ids)
-        routed = self.route(num_tokens)
-        if routed.eager_reason is not None:
-            self.runtime.observer.on_eager(routed.eager_reason, num_tokens, self.mode.decode_mode())
-            return self.step_eager(input_ids, positions, slot_ids)
-        views = self.buffers.load(
-            routed.descriptor.num_tokens, input_ids=input_ids, positions=positions, slot_ids=slot_ids
-        )
-        with torch.no_grad(), self._context(routed.mode, routed.descriptor, num_tokens):
-            logits = self.graphed(views["input_ids"], views["positions"], views["slot_ids"], self.kv_cache)
-        return logits[:num_tokens]
+        tokens = (input_ids, positions, slot_ids)
+        return self._serve(self.route(self.count_tokens(tokens)), self.mode.decode_mode(), tokens)
 
-    def step_eager(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor
-    ) -> torch.Tensor:
-        """The same step run eagerly on the unpadded inputs: the reference replays must equal."""
-        _num_tokens(input_ids, positions, slot_ids)
-        with torch.no_grad():
-            return self.model(
-                input_ids.to(self.device), positions.to(self.device), slot_ids.to(self.device), self.kv_cache
-            )
+    def count_tokens(self, tokens: Tokens, attn_metadata: Any = None) -> int:
+        """A decode step's token count: the three inputs are 1-D, of one non-zero length."""
+        return _num_tokens(*tokens)
 
     def inject_address_drift(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor

@@ -180,16 +180,7 @@ class GraphRuntime:
             f"and capture was locked at the end of start-up; policy {policy.value!r} {outcome}. "
             "Add this size to the capture sizes so it is captured at start-up."
         )
-        self.report_violation(
-            ViolationEvent(
-                kind=ViolationKind.UNEXPECTED_CAPTURE,
-                descriptor=descriptor,
-                mode=mode,
-                wrapper=wrapper,
-                message=message,
-                stack=caller_stack(),
-            )
-        )
+        self.report(ViolationKind.UNEXPECTED_CAPTURE, wrapper, mode, descriptor, message)
         if policy is UnexpectedCapturePolicy.RAISE:
             raise UnexpectedCaptureError(message)
         if policy is UnexpectedCapturePolicy.EAGER:
@@ -218,24 +209,33 @@ class GraphRuntime:
         self.observer.on_violation(event)
         return event
 
+    def report(
+        self,
+        kind: ViolationKind,
+        wrapper: str,
+        mode: CUDAGraphMode,
+        descriptor: BatchDescriptor,
+        message: str,
+        stack: str | None = None,
+        **details: Any,
+    ) -> ViolationEvent:
+        """Report one violation seen by ``wrapper`` in graph ``descriptor``, with the caller's stack."""
+        event = ViolationEvent(
+            kind=kind, descriptor=descriptor, mode=mode, wrapper=wrapper, message=message,
+            stack=caller_stack() if stack is None else stack, **details,
+        )
+        return self.report_violation(event)
+
     def report_drift(
         self, wrapper: str, mode: CUDAGraphMode, descriptor: BatchDescriptor, drifts: Sequence[Drift]
     ) -> None:
         """One event per drifted input; then, in DEBUG mode, raise ``AddressDriftError``."""
         stack = caller_stack()
         for drift in drifts:
-            self.report_violation(
-                ViolationEvent(
-                    kind=ViolationKind.ADDRESS_DRIFT,
-                    descriptor=descriptor,
-                    mode=mode,
-                    wrapper=wrapper,
-                    message=drift_message(wrapper, mode, descriptor, [drift]),
-                    input_name=drift.name,
-                    expected_address=drift.expected,
-                    actual_address=drift.actual,
-                    stack=stack,
-                )
+            message = drift_message(wrapper, mode, descriptor, [drift])
+            self.report(
+                ViolationKind.ADDRESS_DRIFT, wrapper, mode, descriptor, message, stack,
+                input_name=drift.name, expected_address=drift.expected, actual_address=drift.actual,
             )
         if self.address_check is AddressCheckMode.DEBUG:
             raise AddressDriftError(drift_message(wrapper, mode, descriptor, drifts))
