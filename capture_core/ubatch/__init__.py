@@ -1,7 +1,8 @@
 """Micro-batching (DBO): split a step into equal-shape micro-batches that overlap compute and comm.
 
-``slices`` holds the arithmetic (where to split, whether to), ``context`` the turn-taking ubatch
-threads and their streams, ``wrapper`` the graph wrapper that captures all ubatches into one graph,
+``slices`` holds the arithmetic (where to split, whether to), ``context`` the turn-taking of the
+ubatches and their streams, ``threads`` the threads a step runs them on, ``wrapper`` the graph
+source that captures all ubatches into one graph,
 and ``dp`` the per-step agreement between data-parallel ranks. The reference decoder with a
 communication step per layer, the workload micro-batching exists for, is
 ``capture_core.reference.overlap``.
@@ -12,7 +13,6 @@ from capture_core.ubatch.context import (
     UBatchContext,
     UBatchHandoverError,
     UBatchRing,
-    UBatchThreads,
     current_ubatch_context,
     dbo_current_ubatch_id,
     dbo_enabled,
@@ -34,6 +34,7 @@ from capture_core.ubatch.slices import (
     is_last_ubatch_empty,
     maybe_create_ubatch_slices,
 )
+from capture_core.ubatch.threads import UBatchThreads
 from capture_core.ubatch.wrapper import UBatchGraphEntry, UBatchWrapper
 
 __all__ = [

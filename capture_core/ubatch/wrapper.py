@@ -35,10 +35,10 @@ from capture_core.ubatch.context import (
     DEFAULT_HANDOVER_TIMEOUT_S,
     UBatchContext,
     UBatchRing,
-    UBatchThreads,
     make_ubatch_contexts,
 )
 from capture_core.ubatch.slices import UBatchSlice
+from capture_core.ubatch.threads import UBatchThreads
 from capture_core.wrapper import CallableSource, CUDAGraphWrapper, GraphCall, GraphEntry
 
 FULL = CUDAGraphMode.FULL

@@ -15,7 +15,6 @@ from capture_core.ubatch.context import (
     UBatchContext,
     UBatchHandoverError,
     UBatchRing,
-    UBatchThreads,
     dbo_current_ubatch_id,
     dbo_enabled,
     dbo_switch_to_comm_sync,
@@ -25,6 +24,7 @@ from capture_core.ubatch.context import (
     dbo_yield_and_switch_from_compute_to_comm,
     make_ubatch_contexts,
 )
+from capture_core.ubatch.threads import UBatchThreads
 
 
 class TurnLog:
