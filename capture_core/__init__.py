@@ -33,11 +33,10 @@ observer (``inspector.Recorder``, or anything with the ``GraphObserver`` methods
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from capture_core.lazy import lazy_exports
 
 # Names resolve on first use (PEP 562), so that `import capture_core.modes` (the daemon needs two
-# enums) does not import the model, the backends and the rest of torch-heavy code.
+# enums) does not import the backends and the rest of the torch-heavy code.
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "capture_core.backends": (
         "CapturedGraph",
@@ -101,38 +100,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "validate_sizes",
         "vllm_default_sizes",
     ),
-    "capture_core.reference": (
-        "BatchSizeStats",
-        "ContinuousBatchScheduler",
-        "PaddingStats",
-        "Trace",
-        "TraceError",
-        "TraceRequest",
-        "TrafficConfig",
-        "batch_size_histogram",
-        "batch_size_stats",
-        "decode_batch_sizes",
-        "load_trace",
-        "padding_stats",
-    ),
-    "capture_core.ubatch": ("ubatch",),
     "capture_core.step_runner": ("StepRunner",),
     "capture_core.wrapper": ("CUDAGraphWrapper", "CallableSource", "GraphCall", "GraphEntry", "GraphSource"),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'capture_core' has no attribute {name!r}")
-    loaded = importlib.import_module(module)
-    value = loaded if module == f"capture_core.{name}" else getattr(loaded, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

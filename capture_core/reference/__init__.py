@@ -11,8 +11,7 @@ Names resolve on first use, so reading a trace or scheduling traffic does not im
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from capture_core.lazy import lazy_exports
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "capture_core.reference.batch": ("AttentionMetadata", "DecodeTensors", "FlatBatch", "flatten_requests"),
@@ -41,19 +40,4 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "load_trace",
     ),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'capture_core.reference' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
