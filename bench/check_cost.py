@@ -1,12 +1,22 @@
-"""What the always-on address check costs per replay, measured on a CPU.
+"""What each replay check costs on the host, measured without a graph in the way.
 
-Timing replays on the eager backend would bury a sub-microsecond check under a whole model run, so
-this times the check itself - ``InputLayout.find_drift`` over the exact inputs a captured
-``DecodeRunner`` graph baked in (input_ids, positions, slot_ids, kv_cache) - and, for engines that
-pass one KV cache per layer, over a ``kv_caches`` list of 32 and 80 layers. It also times one
-wrapper call with the replay stubbed out, check OFF against ALWAYS_ON, which is the check's cost
-as a step pays it. The fastest of repeated batches of back-to-back calls, in nanoseconds per call,
-with an empty call's time subtracted.
+Timing replays would bury sub-microsecond checks under the replay itself, so this times the checks
+on the inputs a captured ``DecodeRunner`` graph really has (input_ids, positions, slot_ids,
+kv_cache; the reference decoder's parameters and buffers), and on the inputs other engines pass (a
+``kv_caches`` list of 32 and 80 layers; an attention-metadata dataclass and a dict):
+
+* the replay guard that runs on every always-on replay, built up check by check: the identity of
+  every tensor input (addresses, layouts, nested inputs), then the module-state registration count,
+  then the per-step inputs' version counters (stale inputs);
+* the closer looks the guard hands over to: a fresh view at the captured address (shallow), a
+  sampled replay's deep checks (inputs re-read, parameters and buffers re-read), the module walk
+  after a registration;
+* one wrapper call with the replay stubbed, checks OFF against ALWAYS_ON: the checks as a step pays.
+
+Nanoseconds per call: the median over bursts of back-to-back calls, every variant of a table
+interleaved burst by burst (so a busy host slows them alike), an empty call's time subtracted.
+Host time only: the checks never wait for the device, so ``--device cuda`` on a GPU host gives the
+figure a replay pays there.
 
     python3 bench/check_cost.py --out bench/results/check_cost.json
 """
@@ -14,9 +24,11 @@ with an empty call's time subtracted.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,97 +36,203 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from bench.common import command_line, print_table, write_results
-from capture_core.checks import AddressCheckMode, InputLayout, ParameterNames
+from bench.common import command_line, print_table, resolve_device, write_results
+from capture_core.canary import Sampling
+from capture_core.checks import AddressCheckMode, ParameterNames
 from capture_core.forward_context import ForwardContext, use_forward_context
+from capture_core.guard import ReplayChecks
+from capture_core.inputs import InputLayout
 from capture_core.modes import CUDAGraphMode
 from capture_core.reference import ModelConfig, ReferenceDecoder
 from capture_core.runner import DecodeRunner
 from capture_core.runtime import GraphRuntime
+from capture_core.stale import PerStepInputs, VersionCells
+from capture_core.state import REGISTRATIONS, ModuleState
+
+NEVER = Sampling(first=0, every=0)
+"""No sampled replays: the guard alone is timed."""
 
 
-def ns_per_call(fn: Callable[[], object], calls: int, repeats: int) -> float:
-    """The fastest of ``repeats`` batches of ``calls`` back-to-back calls, per call.
-
-    The minimum, not the median: on a shared host other processes only ever add time, so the
-    fastest batch is the closest to what the check itself costs (the median is kept in the JSON
-    of the GPU benchmark, where the host is quiet).
-    """
-    samples = []
+def interleaved(variants: dict[str, Callable[[], object]], calls: int, repeats: int) -> dict[str, float]:
+    """Median ns per call of each variant, bursts interleaved, the empty call's median subtracted."""
+    variants = {"(empty call)": lambda: None, **variants}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(repeats):
-        started = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter_ns() - started) / calls)
-    return min(samples)
+        for name, fn in variants.items():
+            started = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter_ns() - started) / calls)
+    empty = statistics.median(samples.pop("(empty call)"))
+    return {name: statistics.median(values) - empty for name, values in samples.items()}
 
 
 def per_layer_step(input_ids, positions, slot_ids, kv_caches):
     """Stands for an engine whose model takes one KV cache tensor per layer."""
 
 
-def measure(calls: int, repeats: int) -> list[dict[str, Any]]:
-    config = ModelConfig.tiny(max_num_seqs=8, max_seq_len=16, num_layers=1)
-    runner = DecodeRunner(ReferenceDecoder(config), GraphRuntime("eager", progress=False), [8])
+@dataclass
+class AttentionMetadata:
+    """Stands for an engine's attention metadata: tensors as fields of a dataclass."""
+
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    num_actual_tokens: int
+
+
+def metadata_step(input_ids, positions, metadata, *, extras):
+    """Stands for a model called with nested inputs."""
+
+
+def guard_of(layout: InputLayout, **parts: Any) -> Callable[[tuple[Any, ...], dict[str, Any]], bool]:
+    """The replay guard of a graph with these inputs and these of the other checks."""
+    options = {"check_inputs": True, "state": None, "per_step": None, "mutated": None, "sampling": NEVER}
+    return ReplayChecks(layout, **{**options, **parts}).clean
+
+
+def lagging(per_step: PerStepInputs | None) -> Callable[[], None]:
+    """Stands for a step's copy_ into its per-step inputs: the guard's version cells are set back,
+    so the stale terms pass (three list stores, timed on their own and subtracted)."""
+    cells = [cell for _, cell in per_step.versioned] if per_step is not None else []
+
+    def written() -> None:
+        for cell in cells:
+            cell[0] = -1
+
+    return written
+
+
+Timed = Callable[[], object]
+
+
+class Tables:
+    """Rows of ns per call; each table's variants timed interleaved against each other."""
+
+    def __init__(self, calls: int, repeats: int) -> None:
+        self.calls, self.repeats = calls, repeats
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, section: str, variants: dict[str, tuple[int, Timed]], base: str = "") -> None:
+        timed = interleaved({name: fn for name, (_, fn) in variants.items()}, self.calls, self.repeats)
+        for name, (inputs, _) in variants.items():
+            if name != base:
+                ns = timed[name] - (timed[base] if base else 0.0)
+                self.rows.append({"section": section, "what": name, "inputs": inputs, "ns_per_call": ns})
+
+
+def measure(device: torch.device, calls: int, repeats: int) -> list[dict[str, Any]]:
+    config = ModelConfig.tiny(max_num_seqs=8, max_seq_len=16, device=str(device))
+    runtime = GraphRuntime("eager", progress=False, sampling=NEVER)
+    runner = DecodeRunner(ReferenceDecoder(config), runtime, [8])
     runner.capture()
     descriptor = runner.route(8).descriptor
     entry = runner.graphs[descriptor]
     views = runner.buffers.views(8)
     args = (views["input_ids"], views["positions"], views["slot_ids"], runner.kv_cache)
+    kw: dict[str, Any] = {}
+    layout, checks = entry.checks.layout, entry.checks
+    state = ModuleState(runner.model)
+    per_step = PerStepInputs(layout.inputs[:3], VersionCells())
+    written = lagging(per_step)
+    tables = Tables(calls, repeats)
 
-    def baseline() -> None:
-        return None
+    addresses = guard_of(layout)
+    with_state = guard_of(layout, state=state)
+    everything = guard_of(layout, state=state, per_step=per_step)
+    stores = "stores standing for the step's writes"
+    tables.add("replay guard, runner graph", {
+        stores: (0, written),
+        "addresses + layouts (identity of every tensor input)": (4, lambda: (written(), addresses(args, kw))),
+        "+ module state (registration count)": (4, lambda: (written(), with_state(args, kw))),
+        "+ stale inputs (3 version counters): the runner's": (4, lambda: (written(), everything(args, kw))),
+    }, base=stores)
 
-    rows = []
-    empty_call = ns_per_call(baseline, calls, repeats)
-    layout = entry.layout
-    rows.append(("runner graph inputs", len(layout.inputs), ns_per_call(lambda: layout.find_drift(args, {}),
-                                                                         calls, repeats) - empty_call))
     for layers in (32, 80):
-        caches = [torch.zeros(4) for _ in range(layers)]
-        layer_args = (*args[:3], caches)
+        layer_args = (*args[:3], [torch.zeros(4, device=device) for _ in range(layers)])
         layer_layout = InputLayout.record(ParameterNames.of(per_layer_step), layer_args, {})
-        rows.append((f"kv_caches list of {layers} layers", len(layer_layout.inputs),
-                     ns_per_call(lambda la=layer_layout, a=layer_args: la.find_drift(a, {}), calls, repeats)
-                     - empty_call))
+        guard, count = guard_of(layer_layout), len(layer_layout.inputs)
+        tables.add(f"kv_caches list of {layers} layers", {
+            "replay guard": (count, lambda g=guard, a=layer_args: g(a, kw)),
+            "closer look": (count, lambda la=layer_layout, a=layer_args: la.find_changes(a, kw)),
+        })
 
-    # The check as a step pays it: one wrapper call (replay stubbed), check OFF vs ALWAYS_ON.
-    graph, runtime = entry.graph, runner.runtime
+    metadata = AttentionMetadata(*(torch.zeros(8, dtype=torch.long, device=device) for _ in range(4)), 8)
+    nested_args = (args[0], args[1], metadata)
+    nested_kwargs = {"extras": {"bias": torch.zeros(8, device=device), "scale": torch.ones(1, device=device)}}
+    nested = InputLayout.record(ParameterNames.of(metadata_step), nested_args, nested_kwargs)
+    nested_guard = guard_of(nested)
+    tables.add("nested inputs (a dataclass of 4 tensors, a dict of 2)", {
+        "replay guard": (len(nested.inputs), lambda: nested_guard(nested_args, nested_kwargs)),
+    })
+
+    fresh = (views["input_ids"][:8], *args[1:])  # a new view object at the captured layout
+    inspect = checks.inspect
+
+    def after_registration() -> object:
+        REGISTRATIONS[0] += 1  # as one assignment of a parameter anywhere in the process would
+        return state.find_changes()
+
+    held = len(state.tensors)
+    written_runner = lagging(checks.per_step)
+    tables.add("closer looks (runner graph)", {
+        "a fresh view at the captured layout (shallow)": (4, lambda: layout.find_changes(fresh, kw)),
+        "sampled replay: inputs re-read (deep)": (4, lambda: layout.find_changes(args, kw, deep=True)),
+        f"sampled replay: {held} parameters and buffers re-read": (held, state.find_changes),
+        "after a registration: the module walked by name": (held, after_registration),
+        "one whole inspect (inputs, state, stale)": (4, lambda: (written_runner(), inspect(args, kw, False))),
+    })
+
+    graph = entry.graph
     real_replay = graph.replay
-    graph.replay = baseline
+    graph.replay = lambda: None
+
+    def call_with(mode: AddressCheckMode) -> Callable[[], object]:
+        def call() -> object:
+            runtime.address_check = mode
+            written_runner()
+            return runner.graphed(*args)
+
+        return call
+
+    wrapper = "wrapper call, replay stubbed (runner graph)"
     try:
         with use_forward_context(ForwardContext(CUDAGraphMode.FULL, descriptor, 8)):
-            runtime.address_check = AddressCheckMode.OFF
-            off = ns_per_call(lambda: runner.graphed(*args), calls, repeats)
-            runtime.address_check = AddressCheckMode.ALWAYS_ON
-            on = ns_per_call(lambda: runner.graphed(*args), calls, repeats)
+            tables.add(wrapper, {
+                "check OFF": (4, call_with(AddressCheckMode.OFF)),
+                "check ALWAYS_ON": (4, call_with(AddressCheckMode.ALWAYS_ON)),
+            })
     finally:
         graph.replay = real_replay
-    results = [{"what": what, "inputs": n, "check_ns_per_call": ns} for what, n, ns in rows]
-    results.append({"what": "wrapper call, check OFF (replay stubbed)", "inputs": len(layout.inputs),
-                    "wrapper_ns_per_call": off - empty_call})
-    results.append({"what": "wrapper call, check ALWAYS_ON (replay stubbed)", "inputs": len(layout.inputs),
-                    "wrapper_ns_per_call": on - empty_call, "check_ns_per_call": on - off})
-    return results
+        runtime.address_check = AddressCheckMode.ALWAYS_ON
+    paid = {r["what"]: r["ns_per_call"] for r in tables.rows if r["section"] == wrapper}
+    tables.rows.append({
+        "section": wrapper, "what": "ALWAYS_ON - OFF: every check as a step pays", "inputs": 4,
+        "ns_per_call": paid["check ALWAYS_ON"] - paid["check OFF"],
+    })
+    return tables.rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/check_cost.json"))
-    parser.add_argument("--calls", type=int, default=20000, help="calls per timed batch (default 20000)")
-    parser.add_argument("--repeats", type=int, default=15, help="timed batches (default 15)")
+    parser.add_argument("--device", default="cpu", help="where the runner's tensors live: cpu, cuda or auto")
+    parser.add_argument("--calls", type=int, default=2000, help="calls per timed burst (default 2000)")
+    parser.add_argument("--repeats", type=int, default=60, help="bursts per variant (default 60)")
     args = parser.parse_args(argv)
-    results = measure(args.calls, args.repeats)
+    device = resolve_device(args.device)
+    torch.set_num_threads(1)
+    results = measure(device, args.calls, args.repeats)
     print_table(
-        "Always-on address check on a CPU (ns per call, empty-call time subtracted)",
-        ("what", "inputs", "check ns", "wrapper ns"),
-        [(r["what"], r["inputs"], r.get("check_ns_per_call"), r.get("wrapper_ns_per_call")) for r in results],
+        f"Replay checks on the host ({device}; median ns per call, interleaved, empty call subtracted)",
+        ("section", "what", "inputs", "ns"),
+        [(r["section"], r["what"], r["inputs"], r["ns_per_call"]) for r in results],
     )
     write_results(
-        args.out, benchmark="check_cost", command=command_line(), device=torch.device("cpu"),
+        args.out, benchmark="check_cost", command=command_line(), device=device,
         config={"calls": args.calls, "repeats": args.repeats}, results=results,
-        notes=["CPU host time: the check never touches the device, so this is its cost on a GPU host too "
-               "(scaled by that host's single-thread speed)"],
+        notes=["host time: the checks never wait for the device, so this is what a replay pays on this host"],
     )
     print(f"\nwrote {args.out}")
     return 0

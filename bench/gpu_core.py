@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from bench.check_cost import lagging
 from bench.common import (
     Budget,
     CallTimer,
@@ -174,7 +175,8 @@ def wrapper_host_cost(runner: DecodeRunner, size: int, calls: int, repeats: int)
     """Host nanoseconds per call: a bare (stubbed) replay, and the wrapper around it, check OFF / ON.
 
     The replay itself is stubbed out so that GPU time and launch queues cannot hide a sub-microsecond
-    difference; the forward context is entered once outside the loop, as it is once per step.
+    difference; the forward context is entered once outside the loop, as it is once per step. Every
+    variant also sets the stale-input check's version cells back, standing for the step's writes.
     """
     descriptor = runner.route(size).descriptor  # the captured descriptor object, as step() uses
     entry = runner.graphed.graphs[descriptor]
@@ -196,14 +198,15 @@ def wrapper_host_cost(runner: DecodeRunner, size: int, calls: int, repeats: int)
             best.append((time.perf_counter_ns() - started) / calls)
         return statistics.median(best)
 
+    written = lagging(entry.checks.per_step)  # the step's writes, so the stale-input terms pass
     graph.replay = stub
     try:
         with use_forward_context(ForwardContext(CUDAGraphMode.FULL, descriptor, size)):
-            bare = per_call(graph.replay)
+            bare = per_call(lambda: (written(), graph.replay()))
             runtime.address_check = AddressCheckMode.OFF
-            off = per_call(lambda: runner.graphed(*args))
+            off = per_call(lambda: (written(), runner.graphed(*args)))
             runtime.address_check = AddressCheckMode.ALWAYS_ON
-            on = per_call(lambda: runner.graphed(*args))
+            on = per_call(lambda: (written(), runner.graphed(*args)))
     finally:
         graph.replay = real_replay
         runtime.address_check = AddressCheckMode.ALWAYS_ON

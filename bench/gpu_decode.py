@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from bench.bare_graphs import BareGraphLoop
+from bench.check_cost import lagging
 from bench.common import (
     Budget,
     CallTimer,
@@ -443,7 +444,8 @@ def host_issue_us(
 
 
 def check_host_us(runner: DecodeRunner, batch: int, *, quick: bool) -> float:
-    """Host microseconds of the always-on check itself, on the very inputs the runner replays with.
+    """Host microseconds of the always-on checks (the replay guard), on the very inputs the runner
+    replays with.
 
     The difference of two step medians is within their noise at this scale; the check's own cost,
     timed over many calls, is not. In a step that ends with a synchronize, host time adds to the
@@ -453,11 +455,12 @@ def check_host_us(runner: DecodeRunner, batch: int, *, quick: bool) -> float:
     views = runner.buffers.views(batch)
     args = (views["input_ids"], views["positions"], views["slot_ids"], runner.kv_cache)
     kwargs: dict[str, Any] = {}
-    if entry.layout.find_drift(args, kwargs):
-        raise RuntimeError(f"the runner's inputs at batch {batch} drifted from their captured addresses")
+    if entry.checks.layout.find_changes(args, kwargs):
+        raise RuntimeError(f"the runner's inputs at batch {batch} are not the ones its graph captured")
     calls, repeats = (200, 3) if quick else (2000, 15)
+    written = lagging(entry.checks.per_step)  # the step's writes, so the stale-input terms pass
     per_call = host_us_per_call(
-        lambda: entry.layout.find_drift(args, kwargs),
+        lambda: (written(), entry.guard(args, kwargs)),
         calls=calls,
         repeats=repeats,
         device=torch.device("cpu"),

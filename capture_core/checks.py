@@ -1,13 +1,20 @@
-"""Address checks: does every tensor a graph baked in still live where it was captured?
+"""The replay checks' vocabulary: their modes, their errors, and the messages that name each finding.
 
-A CUDA graph reads and writes fixed device addresses. If the caller passes a *new* tensor at
-replay (instead of ``copy_``-ing into the captured one), the graph silently computes on stale
-memory. vLLM compares only positional inputs and only under debug logging; here every tensor
-input is checked - positional and keyword, and one level inside lists/tuples such as
-``kv_caches[3]`` - by name, in one of three modes chosen by configuration.
+A CUDA graph reads fixed memory with fixed kernels, and computes silently wrong when what it baked
+in at capture no longer holds: a tensor passed at replay that lives elsewhere (``address_drift``)
+or is laid out otherwise (``layout_mismatch``), a weight of the wrapped module reassigned instead
+of ``copy_``-ed into, a per-step input nobody wrote (``stale_input``), a host value frozen at
+capture (``replay_mismatch``, from the sampled replay-vs-eager canary). vLLM compares positional
+inputs only, under debug logging; here every check runs in one of three modes, by configuration:
 
-The replay-time check is a loop over index tuples precomputed at capture; names, signatures and
-stacks are only worked out once something has drifted.
+* ``OFF``: no checks;
+* ``ALWAYS_ON``: a cheap guard on every replay, a closer look on sampled ones; every finding is an
+  event and the replay goes on;
+* ``DEBUG``: the closer look on every replay, and a finding raises (a ``GraphCheckError``) once its
+  event is out. ``GRAPH_INSPECTOR_DEBUG=1`` forces it for a process (the pytest plugin does).
+
+Where the checks look: ``inputs`` (the call's tensors), ``state`` (the module's parameters and
+buffers), ``stale`` (per-step inputs), ``canary`` (replay against eager), all run by ``watch``.
 """
 
 from __future__ import annotations
@@ -15,13 +22,14 @@ from __future__ import annotations
 import enum
 import inspect
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from capture_core.descriptor import BatchDescriptor
+from capture_core.events import ViolationKind
 from capture_core.modes import CUDAGraphMode
 
 DEBUG_ENV = "GRAPH_INSPECTOR_DEBUG"
@@ -32,18 +40,34 @@ class GraphCacheError(RuntimeError):
     """A misuse of the graph cache that the caller must fix; the message says how."""
 
 
-class AddressDriftError(GraphCacheError):
-    """Raised in DEBUG mode when a replayed graph's input is no longer at its captured address."""
+class GraphCheckError(GraphCacheError):
+    """Raised in DEBUG mode when a replay check found that the graph would compute the wrong thing."""
+
+
+class AddressDriftError(GraphCheckError):
+    """A tensor the graph reads is no longer at its captured address."""
+
+
+class LayoutMismatchError(GraphCheckError):
+    """A tensor the graph reads is at its captured address but laid out otherwise."""
+
+
+class StaleInputError(GraphCheckError):
+    """A per-step input was not written since the previous replay."""
+
+
+class ReplayMismatchError(GraphCheckError):
+    """A sampled replay disagreed with the same step run eagerly."""
 
 
 class AddressCheckMode(str, enum.Enum):
-    """How replays check input addresses."""
+    """How replays are checked (the name is historical: addresses were the first check)."""
 
     OFF = "off"
     ALWAYS_ON = "always_on"
-    """Cheap: compare data pointers each replay; on drift emit an event and keep replaying."""
+    """Cheap: a guard on every replay, a closer look on sampled ones; findings are events."""
     DEBUG = "debug"
-    """Like ALWAYS_ON, but a drift raises ``AddressDriftError`` after the event is emitted."""
+    """Every check on every replay (the canary too); a finding raises after its event is emitted."""
 
     @classmethod
     def parse(cls, value: AddressCheckMode | str) -> AddressCheckMode:
@@ -96,124 +120,80 @@ class ParameterNames:
 
 
 @dataclass(frozen=True)
-class TensorInput:
-    """One tensor a graph baked in: where it sits in the call, and its captured address."""
+class Finding:
+    """One thing a replay check found wrong with one input, parameter or output of a graph."""
 
+    kind: ViolationKind
     name: str
-    keyword: str | None
-    """The keyword it was passed under, or None when passed by position."""
-    position: int
-    """Its index among the positional arguments (unused for keyword inputs)."""
-    item: int
-    """Its index inside a list/tuple argument, or -1 for a bare tensor."""
-    address: int
+    """What it is about, as a user reads it: ``input_ids``, ``kv_caches[2][0]``, ``self.lin.weight``,
+    ``output[0]``."""
+    detail: str
+    """What is wrong with it, for the message."""
+    expected_address: int | None = None
+    actual_address: int | None = None
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
 
 
-@dataclass(frozen=True)
-class Drift:
-    """One input found away from its captured address (``actual`` None: it is gone or not a tensor)."""
-
-    name: str
-    expected: int
-    actual: int | None
-
-
-class InputLayout:
-    """The tensor inputs of one captured call, with the addresses the graph baked in."""
-
-    def __init__(self, inputs: Sequence[TensorInput]) -> None:
-        self.inputs: tuple[TensorInput, ...] = tuple(inputs)
-        # The replay-time loops hold (where, address) only: no names, no attribute lookups. Bare
-        # positional tensors (the common case) get a loop of their own without the item branch.
-        self._bare_positional = tuple(
-            (i.position, i.address) for i in inputs if i.keyword is None and i.item < 0
-        )
-        self._nested_positional = tuple(
-            (i.position, i.item, i.address) for i in inputs if i.keyword is None and i.item >= 0
-        )
-        self._keyword = tuple((i.keyword, i.item, i.address) for i in inputs if i.keyword is not None)
-
-    @classmethod
-    def record(
-        cls, names: ParameterNames, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> InputLayout:
-        """Note every tensor input of a call: positional, keyword, and one level inside lists/tuples."""
-        inputs: list[TensorInput] = []
-        for position, value in enumerate(args):
-            inputs.extend(_tensors_in(names.name_of(position), None, position, value))
-        for keyword, value in kwargs.items():
-            inputs.extend(_tensors_in(keyword, keyword, -1, value))
-        return cls(inputs)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(i.name for i in self.inputs)
-
-    @property
-    def addresses(self) -> tuple[int, ...]:
-        return tuple(i.address for i in self.inputs)
-
-    def find_drift(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Drift]:
-        """Every input not at its captured address; an empty list (the common case) costs one loop."""
-        try:
-            for position, address in self._bare_positional:
-                if args[position].data_ptr() != address:
-                    return self._drifts(args, kwargs)
-            for position, item, address in self._nested_positional:
-                if args[position][item].data_ptr() != address:
-                    return self._drifts(args, kwargs)
-            for keyword, item, address in self._keyword:
-                value = kwargs[keyword] if item < 0 else kwargs[keyword][item]
-                if value.data_ptr() != address:
-                    return self._drifts(args, kwargs)
-        except (IndexError, KeyError, TypeError, AttributeError):
-            # The call no longer has the captured shape (an input moved, vanished or changed type).
-            return self._drifts(args, kwargs)
-        return []
-
-    def _drifts(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Drift]:
-        drifts = []
-        for spec in self.inputs:
-            actual = _address_at(spec, args, kwargs)
-            if actual != spec.address:
-                drifts.append(Drift(spec.name, spec.address, actual))
-        return drifts
+_LABELS = {
+    ViolationKind.ADDRESS_DRIFT: "address drift",
+    ViolationKind.LAYOUT_MISMATCH: "layout mismatch",
+    ViolationKind.STALE_INPUT: "stale input",
+    ViolationKind.REPLAY_MISMATCH: "replay mismatch",
+}
+_FIXES = {
+    ViolationKind.ADDRESS_DRIFT: (
+        "The graph reads the captured memory, so it would compute on stale values: copy new values "
+        "into the captured tensor with copy_() instead of passing (or assigning) a new tensor"
+    ),
+    ViolationKind.LAYOUT_MISMATCH: (
+        "The graph's kernels read that memory as the captured shape, strides and dtype: pass a "
+        "tensor laid out as at capture (the captured tensor itself)"
+    ),
+    ViolationKind.STALE_INPUT: (
+        "The graph would compute on the previous step's values: copy_() this step's values into it "
+        "before every replay"
+    ),
+    ViolationKind.REPLAY_MISMATCH: (
+        "The graph computes something other than the eager step: a host value (a Python scalar, an "
+        ".item(), a branch taken on the host) was baked in at capture; pass it as a tensor input, "
+        "or key the graph by it"
+    ),
+}
+ERRORS: dict[ViolationKind, type[GraphCheckError]] = {
+    ViolationKind.ADDRESS_DRIFT: AddressDriftError,
+    ViolationKind.LAYOUT_MISMATCH: LayoutMismatchError,
+    ViolationKind.STALE_INPUT: StaleInputError,
+    ViolationKind.REPLAY_MISMATCH: ReplayMismatchError,
+}
+"""What DEBUG mode raises for a finding of each kind."""
 
 
-def _tensors_in(name: str, keyword: str | None, position: int, value: Any) -> list[TensorInput]:
-    if isinstance(value, torch.Tensor):
-        return [TensorInput(name, keyword, position, -1, value.data_ptr())]
-    if isinstance(value, (list, tuple)):
-        return [
-            TensorInput(f"{name}[{index}]", keyword, position, index, item.data_ptr())
-            for index, item in enumerate(value)
-            if isinstance(item, torch.Tensor)
-        ]
-    return []
-
-
-def _address_at(spec: TensorInput, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
-    try:
-        value = kwargs[spec.keyword] if spec.keyword is not None else args[spec.position]
-        if spec.item >= 0:
-            value = value[spec.item]
-    except (IndexError, KeyError, TypeError):
-        return None
-    return value.data_ptr() if isinstance(value, torch.Tensor) else None
-
-
-def drift_message(
-    wrapper: str, mode: CUDAGraphMode, descriptor: BatchDescriptor, drifts: Sequence[Drift]
+def finding_message(
+    wrapper: str, mode: CUDAGraphMode, descriptor: BatchDescriptor, findings: Sequence[Finding]
 ) -> str:
-    """A message that names the graph, each drifted input and both addresses, and the fix."""
-    parts = [
-        f"input {d.name!r} was captured at {d.expected:#x} but is "
-        + ("missing or no longer a tensor" if d.actual is None else f"now at {d.actual:#x}")
-        for d in drifts
-    ]
+    """A message that names the graph, the wrapper, each finding (of the first one's kind) and the fix."""
+    kind = findings[0].kind
+    details = "; ".join(f.detail for f in findings if f.kind is kind)
     return (
-        f"address drift in graph {descriptor.key} ({mode.label}) of wrapper {wrapper!r}: "
-        + "; ".join(parts)
-        + ". The graph reads the captured memory, so it would compute on stale values: copy new "
-        "values into the captured tensor with copy_() instead of passing a new tensor."
+        f"{_LABELS[kind]} in graph {descriptor.key} ({mode.label}) of wrapper {wrapper!r}: {details}. "
+        f"{_FIXES[kind]}."
     )
+
+
+def moved(name: str, expected: int | None, actual: int | None, what: str = "input") -> Finding:
+    """An address drift: ``name`` (an input, or the module's ``what``) is not at its captured address,
+    or was no input at capture."""
+    if expected is None:
+        detail = f"{what} {name!r} was no tensor input at capture (now at {actual:#x}): the graph ignores it"
+    elif actual is None:
+        detail = f"{what} {name!r} was captured at {expected:#x} but is missing or no longer a tensor"
+    else:
+        detail = f"{what} {name!r} was captured at {expected:#x} but is now at {actual:#x}"
+    return Finding(ViolationKind.ADDRESS_DRIFT, name, detail, expected, actual)
+
+
+def relaid(name: str, address: int, changes: Sequence[str], what: str = "input") -> Finding:
+    """A layout mismatch: ``name`` is at its captured address, read another way."""
+    detail = f"{what} {name!r} is at its captured address {address:#x} but its {', '.join(changes)}"
+    return Finding(ViolationKind.LAYOUT_MISMATCH, name, detail, address, address)

@@ -19,7 +19,18 @@ from capture_core.sizes import EagerReason
 
 class ViolationKind(str, enum.Enum):
     ADDRESS_DRIFT = "address_drift"
+    """A tensor the graph reads (an input at any depth, or a parameter or buffer of the wrapped
+    module) lives somewhere other than at capture: the graph reads the old memory."""
+    LAYOUT_MISMATCH = "layout_mismatch"
+    """Same address, other shape, strides, storage offset, dtype or device: the graph's kernels read
+    the memory as the captured layout."""
+    STALE_INPUT = "stale_input"
+    """A declared per-step input was not written since the previous replay."""
     UNEXPECTED_CAPTURE = "unexpected_capture"
+    """A capture after start-up locked capture, on any path."""
+    REPLAY_MISMATCH = "replay_mismatch"
+    """A sampled replay and the same step run eagerly disagree beyond tolerance (a host value baked
+    into the graph at capture, say)."""
     RERECORD_STORM = "rerecord_storm"
     """One call site capturing again and again once its graphs are in use (graph-inspector watch)."""
     COMPILE_SKIP = "compile_skip"
@@ -45,6 +56,9 @@ class CaptureEvent:
     """Per ubatch: (request start, request stop, token start, token stop)."""
     unexpected: bool = False
     captured_at: float = field(default_factory=time.time)
+    unchecked_inputs: tuple[str, ...] = ()
+    """Inputs or checks that could not be applied to this graph, each with the reason (a set among
+    the arguments, an inference tensor without a version counter, ...): named, not skipped silently."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,10 @@ class ViolationEvent:
     expected_address: int | None = None
     actual_address: int | None = None
     stack: str = ""
+    max_abs_error: float | None = None
+    """For a replay mismatch: the largest absolute difference between replay and eager."""
+    max_rel_error: float | None = None
+    """For a replay mismatch: the largest difference relative to the eager value."""
     injected: bool = False
     """True when a demo or test planted the fault on purpose; shown as such everywhere."""
     seen_at: float = field(default_factory=time.time)

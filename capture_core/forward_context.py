@@ -36,6 +36,9 @@ class _ThreadContext(threading.local):
 
 
 _local = _ThreadContext()
+CURRENT = _local
+"""The thread-local holder itself: ``CURRENT.context`` is what ``get_forward_context()`` returns,
+read without the function call by the graph wrappers' replay path."""
 
 
 def get_forward_context() -> ForwardContext | None:

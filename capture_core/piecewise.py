@@ -31,12 +31,11 @@ from typing import Any, ClassVar, TypeVar
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
-from capture_core.checks import InputLayout
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import CaptureDecision, GraphRuntime
-from capture_core.wrapper import CUDAGraphWrapper, GraphCall, GraphEntry
+from capture_core.wrapper import CUDAGraphWrapper, GraphCall, GraphEntry, GraphRole
 
 _BREAK_ATTR = "_graph_inspector_break_point"
 _PIECEWISE = CUDAGraphMode.PIECEWISE
@@ -205,13 +204,22 @@ class PiecewiseGraph:
 
     One graph-serving core (``CUDAGraphWrapper``) serves the pass, with this object as its graph
     source: the capture guard is asked once per descriptor and the observer sees one capture (with
-    ``num_segments`` and the segments' summed pool memory) and one replay per pass. Each segment
-    is a core of its own that speaks to no observer (the pass does) and captures on the pass's
-    decision; its inputs, positional and keyword, are checked at every replay, and a violation
-    names the segment and the input.
+    ``num_segments`` and the segments' summed pool memory) and one replay per pass; the pass checks
+    the model's parameters and buffers, the declared ``per_step_inputs`` and runs the canary. Each
+    segment is a core of its own that speaks to no observer (the pass does) and captures on the
+    pass's decision; its inputs are checked at every replay, and a violation names the segment and
+    the input.
     """
 
-    def __init__(self, model: nn.Module, runtime: GraphRuntime, name: str | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        runtime: GraphRuntime,
+        name: str | None = None,
+        *,
+        per_step_inputs: Sequence[str] = (),
+        mutated_inputs: Sequence[str] | None = None,
+    ) -> None:
         self.model = model
         self.runtime = runtime
         self.name = name or f"{type(model).__name__}.piecewise"
@@ -222,11 +230,14 @@ class PiecewiseGraph:
         for index, child in enumerate(self.split.segment_names):
             wrapper = CUDAGraphWrapper(
                 getattr(self.split.module, child), runtime, _PIECEWISE,
-                name=f"{self.name}/segment{index}", reports=False,
+                name=f"{self.name}/segment{index}", role=GraphRole.SEGMENT,
             )
             setattr(self.split.module, child, _WrappedSegment(wrapper))
             self.segments.append(wrapper)
-        self.core = CUDAGraphWrapper(model, runtime, _PIECEWISE, name=self.name, source=self)
+        self.core = CUDAGraphWrapper(
+            model, runtime, _PIECEWISE, name=self.name, source=self, role=GraphRole.PASS,
+            per_step_inputs=per_step_inputs, mutated_inputs=mutated_inputs,
+        )
 
     @property
     def num_segments(self) -> int:
@@ -269,8 +280,8 @@ class PiecewiseGraph:
             )
         held = tuple(seg for seg in segments if seg is not None)
         entry = PiecewiseEntry(
-            descriptor, _PIECEWISE, _SegmentPass(self.split.module, seconds), InputLayout(()), seconds,
-            sum(seg.pool_bytes for seg in held), unexpected, segments=held,
+            descriptor, _PIECEWISE, _SegmentPass(self.split.module, seconds), wrapper.record_inputs(call),
+            seconds, sum(seg.pool_bytes for seg in held), unexpected, segments=held,
         )
         return entry, outputs
 

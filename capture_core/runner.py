@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
 from capture_core.faults import plant_address_drift, plant_unexpected_capture
@@ -35,6 +34,8 @@ from capture_core.ubatch.slices import (
 )
 from capture_core.ubatch.wrapper import UBatchWrapper
 from capture_core.wrapper import CUDAGraphWrapper, GraphEntry
+
+FULL = CUDAGraphMode.FULL
 
 
 class DecodeRunner(StepRunner):
@@ -97,11 +98,11 @@ class DecodeRunner(StepRunner):
             }
         self.graphed: CUDAGraphWrapper | UBatchWrapper
         if self.ubatch_slices:
-            names = ParameterNames.of(model)
-            token_inputs = [names.name_of(i) for i in range(len(INPUT_NAMES))]
-            self.graphed = UBatchWrapper(model, runtime, name=name, token_inputs=token_inputs)
+            tokens = self.checked_inputs["per_step_inputs"]
+            checked = self.checked_inputs
+            self.graphed = UBatchWrapper(model, runtime, name=name, token_inputs=tokens, **checked)
         else:
-            self.graphed = CUDAGraphWrapper(model, runtime, CUDAGraphMode.FULL, name=name)
+            self.graphed = CUDAGraphWrapper(model, runtime, FULL, name=name, **self.checked_inputs)
         self._routes = self._route_table()
 
     def _route_table(self) -> list[Dispatch | None]:

@@ -7,9 +7,15 @@ events, and events into errors where the configuration says so.
 
 The capture guard: captures happen only inside ``with runtime.capture_phase():``. Leaving the
 outermost phase locks capture for good - start-up is over. Before the phase, a batch with no graph
-simply runs eagerly. After the lock, a capture attempt is an *unexpected capture* (in production:
-a multi-second stall of one step); it is always reported, then raised, served eagerly or captured
-anyway, by policy. Never silent.
+simply runs eagerly. After the lock, every capture attempt is an *unexpected capture* (in
+production: a multi-second stall of one step), on every path: a batch of a size start-up never
+captured, a capture phase or a second runner started late (a lazily built draft model), a direct
+``capture()``. It is always reported with its stack, then raised (``UnexpectedCaptureError``),
+served eagerly or captured anyway, by policy. Never silent.
+
+The replay checks (see ``capture_core.checks``) run in the configured mode; ``sampling`` says which
+replays get the closer look (and the canary, when ``canary=True``; debug mode samples every replay
+and always runs the canary).
 """
 
 from __future__ import annotations
@@ -25,13 +31,14 @@ from dataclasses import replace
 from typing import Any
 
 from capture_core.backends import GraphBackend, select_backend
+from capture_core.canary import Sampling
 from capture_core.checks import (
+    ERRORS,
     AddressCheckMode,
-    AddressDriftError,
-    Drift,
+    Finding,
     GraphCacheError,
-    drift_message,
     effective_check_mode,
+    finding_message,
 )
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, GraphObserver, NullObserver, ViolationEvent, ViolationKind
@@ -39,6 +46,7 @@ from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.progress import ProgressBar
 from capture_core.sizes import EagerReason
+from capture_core.stale import VersionCells
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +109,18 @@ class GraphRuntime:
         warmup_iters: int = DEFAULT_WARMUP_ITERS,
         observer: GraphObserver | None = None,
         progress: bool = True,
+        sampling: Sampling | None = None,
+        canary: bool = False,
     ) -> None:
         if isinstance(warmup_iters, bool) or not isinstance(warmup_iters, int) or warmup_iters < 0:
             raise ValueError(f"warmup_iters must be an integer >= 0, got {warmup_iters!r}")
         self.backend: GraphBackend = select_backend(backend)
         self.address_check: AddressCheckMode = effective_check_mode(address_check)
+        self.sampling = sampling if sampling is not None else Sampling()
+        """Which replays of each graph get the closer look (set before capture: graphs keep theirs)."""
+        self.canary = canary
+        """Run the replay-vs-eager canary on sampled replays (debug mode runs it on every replay)."""
+        self.version_cells = VersionCells()
         self.unexpected_capture = UnexpectedCapturePolicy.parse(unexpected_capture)
         self.warmup_iters = warmup_iters
         self.observer: GraphObserver = observer if observer is not None else NullObserver()
@@ -131,12 +146,15 @@ class GraphRuntime:
 
     @contextmanager
     def capture_phase(self) -> Iterator[GraphRuntime]:
-        """Allow captures inside; leaving the outermost phase locks capture for good."""
+        """Allow captures inside; leaving the outermost phase locks capture for good.
+
+        A phase entered after the lock (a runner started late) unlocks nothing: every capture
+        attempt inside it is an unexpected capture, reported and handled by the policy.
+        """
         if self.phase is CapturePhase.LOCKED:
-            raise GraphCacheError(
-                "capture is locked: the capture phase already ended (start-up is over); "
-                "a runtime has exactly one capture phase"
-            )
+            log.warning("a capture phase began after the lock: every capture in it is an unexpected capture")
+            yield self
+            return
         self._phase_depth += 1
         self.phase = CapturePhase.CAPTURING
         try:
@@ -226,19 +244,22 @@ class GraphRuntime:
         )
         return self.report_violation(event)
 
-    def report_drift(
-        self, wrapper: str, mode: CUDAGraphMode, descriptor: BatchDescriptor, drifts: Sequence[Drift]
+    def report_findings(
+        self, wrapper: str, mode: CUDAGraphMode, descriptor: BatchDescriptor, findings: Sequence[Finding]
     ) -> None:
-        """One event per drifted input; then, in DEBUG mode, raise ``AddressDriftError``."""
+        """One event per finding of a replay check; then, in DEBUG mode, raise the error of the first
+        one's kind (``AddressDriftError``, ``LayoutMismatchError``, ...) naming every such finding."""
         stack = caller_stack()
-        for drift in drifts:
-            message = drift_message(wrapper, mode, descriptor, [drift])
+        for finding in findings:
+            message = finding_message(wrapper, mode, descriptor, [finding])
             self.report(
-                ViolationKind.ADDRESS_DRIFT, wrapper, mode, descriptor, message, stack,
-                input_name=drift.name, expected_address=drift.expected, actual_address=drift.actual,
+                finding.kind, wrapper, mode, descriptor, message, stack,
+                input_name=finding.name, expected_address=finding.expected_address,
+                actual_address=finding.actual_address, max_abs_error=finding.max_abs_error,
+                max_rel_error=finding.max_rel_error,
             )
-        if self.address_check is AddressCheckMode.DEBUG:
-            raise AddressDriftError(drift_message(wrapper, mode, descriptor, drifts))
+        if findings and self.address_check is AddressCheckMode.DEBUG:
+            raise ERRORS[findings[0].kind](finding_message(wrapper, mode, descriptor, findings))
 
     def capture_all(
         self,

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from capture_core.buffers import BufferSpec, StaticBuffers
+from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
 from capture_core.forward_context import set_forward_context, use_forward_context
@@ -55,6 +56,14 @@ class StepRunner(abc.ABC):
             {name: BufferSpec(torch.long, pads[name]) for name in INPUT_NAMES},
             device=device,
         )
+        names = ParameterNames.of(model)
+        self.checked_inputs: dict[str, Any] = {
+            "per_step_inputs": [names.name_of(i) for i in range(len(INPUT_NAMES))],
+            "mutated_inputs": [names.name_of(len(INPUT_NAMES))],
+        }
+        """What the runner's graph wrappers are told of the model's inputs (by the model's own
+        parameter names): the token inputs are written every step, the KV cache is what a step
+        mutates."""
 
     @abc.abstractmethod
     def count_tokens(self, tokens: Tokens, attn_metadata: Any = None) -> int:

@@ -18,20 +18,29 @@ benchmarked against a bare ``replay()`` (``bench/gpu_overhead.py``).
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol
 
+from torch import nn
+
 from capture_core.backends import CapturedGraph
-from capture_core.checks import AddressCheckMode, InputLayout, ParameterNames
+from capture_core.canary import CanaryRun
+from capture_core.checks import AddressCheckMode, GraphCacheError, ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent
-from capture_core.forward_context import ForwardContext, get_forward_context
+from capture_core.forward_context import CURRENT as _FORWARD
+from capture_core.forward_context import ForwardContext, set_forward_context, use_forward_context
+from capture_core.guard import ReplayChecks
+from capture_core.inputs import InputLayout
 from capture_core.modes import CUDAGraphMode
-from capture_core.runtime import CaptureDecision, GraphRuntime
+from capture_core.runtime import CaptureDecision, CapturePhase, GraphRuntime
+from capture_core.stale import PerStepInputs
+from capture_core.state import ModuleState
 
-_OFF = AddressCheckMode.OFF
+_OFF, _DEBUG = AddressCheckMode.OFF, AddressCheckMode.DEBUG
 
 
 @dataclass
@@ -46,6 +55,10 @@ class GraphEntry:
     pool_bytes: int
     unexpected: bool
     captured_at: float = field(default_factory=time.time)
+    checks: ReplayChecks = field(init=False, repr=False)
+    """What its replays are checked against (set by the wrapper that captured it)."""
+    guard: Callable[[tuple[Any, ...], dict[str, Any]], bool] = field(init=False, repr=False)
+    """``checks.clean``, held here: the replay path reads it on every call."""
 
     runs_pass: ClassVar[bool] = False
     """True for an entry replayed by ``graph.run(args, kwargs)`` (a pass of segment graphs) rather
@@ -90,6 +103,7 @@ class GraphEntry:
             warmup_iters=warmup_iters,
             unexpected=self.unexpected,
             captured_at=self.captured_at,
+            unchecked_inputs=self.checks.unchecked,
         )
 
 
@@ -127,13 +141,32 @@ class CallableSource:
         return self.runnable(*call.args, **call.kwargs)
 
 
+class GraphRole(enum.Enum):
+    """What one wrapper's graphs are to the call they serve: which checks and reports are its own."""
+
+    WHOLE = "whole"
+    """The whole call (a plain or micro-batched graph): every check, and it speaks to the observer."""
+    PASS = "pass"
+    """A pass of segment graphs: it speaks to the observer and checks the module, the per-step inputs
+    and the canary; its segments check their own inputs."""
+    SEGMENT = "segment"
+    """One segment of a pass: it checks its inputs; the pass speaks for it (capture, replay)."""
+
+
+_RUNNABLE: Any = object()
+"""``module`` default: the runnable itself when it is an ``nn.Module``."""
+
+
 class CUDAGraphWrapper:
     """Serve ``runnable`` from CUDA graphs (or the eager stand-in) keyed by ``BatchDescriptor``.
 
-    ``source`` says what a capture records (default: ``runnable`` on the call's arguments).
-    ``reports=False`` makes a wrapper whose owner speaks for it to the observer (the segments of a
-    piecewise graph: one capture and one replay per pass, reported by the pass); its violations are
-    reported all the same. An owner capturing on a wrapper's behalf sets ``decision`` for the
+    ``source`` says what a capture records (default: ``runnable`` on the call's arguments), ``role``
+    what the wrapper's graphs are to their call (see ``GraphRole``). ``module`` is the module whose
+    parameters and buffers the graphs bake in (by default the runnable, when it is one; None: no
+    module). ``per_step_inputs`` names the inputs every step must write before the replay (checked
+    for ``stale_input``); ``mutated_inputs`` the inputs the step writes, which the canary copies
+    (None: every tensor input). Names are as capture records show them; a name picks that input
+    and everything inside it. An owner capturing on a wrapper's behalf sets ``decision`` for the
     duration, instead of the wrapper asking the runtime's capture guard itself.
     """
 
@@ -145,7 +178,10 @@ class CUDAGraphWrapper:
         name: str | None = None,
         *,
         source: GraphSource | None = None,
-        reports: bool = True,
+        role: GraphRole = GraphRole.WHOLE,
+        module: nn.Module | None = _RUNNABLE,
+        per_step_inputs: Sequence[str] = (),
+        mutated_inputs: Sequence[str] | None = None,
     ) -> None:
         if runtime_mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
             raise ValueError(f"a graph wrapper serves FULL or PIECEWISE batches, not {runtime_mode.name}")
@@ -155,11 +191,17 @@ class CUDAGraphWrapper:
         self.name = name or getattr(runnable, "__qualname__", None) or type(runnable).__name__
         self.parameter_names = ParameterNames.of(runnable)
         self.source: GraphSource = source if source is not None else CallableSource(runnable)
-        self.reports = reports
+        self.role = role
+        self.reports = role is not GraphRole.SEGMENT
+        if module is _RUNNABLE:
+            module = runnable if isinstance(runnable, nn.Module) else None
+        self.module: nn.Module | None = module if self.reports else None
+        self.per_step_inputs = tuple(per_step_inputs)
+        self.mutated_inputs = None if mutated_inputs is None else tuple(mutated_inputs)
         self.decision: CaptureDecision | None = None
         self._graphs: dict[BatchDescriptor, GraphEntry] = {}
         # id(captured descriptor object) -> entry. Hashing a frozen dataclass costs more than the
-        # whole address check, so callers that pass the very descriptor object that was captured
+        # whole replay guard, so callers that pass the very descriptor object that was captured
         # (as the runner does) skip it. Only captured keys go in, and each entry holds its key,
         # so an id here can never be reused by another object.
         self._by_identity: dict[int, GraphEntry] = {}
@@ -177,7 +219,7 @@ class CUDAGraphWrapper:
         return self._graphs.get(descriptor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        context = get_forward_context()
+        context = _FORWARD.context
         if context is None or context.mode is not self.runtime_mode:
             return self.runnable(*args, **kwargs)
         descriptor = context.descriptor
@@ -187,10 +229,9 @@ class CUDAGraphWrapper:
             if entry is None:
                 return self._capture_or_fallback(context, args, kwargs)
         runtime = self.runtime
-        if runtime.address_check is not _OFF:
-            drifts = entry.layout.find_drift(args, kwargs)
-            if drifts:
-                runtime.report_drift(self.name, context.mode, descriptor, drifts)
+        check = runtime.address_check
+        if check is not _OFF and (check is _DEBUG or not entry.guard(args, kwargs)):
+            return self._replay_checked(entry, context, args, kwargs)
         if self.reports:
             runtime.observer.on_replay(context.mode, descriptor, context.num_real_tokens)
         graph = entry.graph
@@ -198,6 +239,37 @@ class CUDAGraphWrapper:
             return graph.run(args, kwargs)
         graph.replay()
         return graph.outputs
+
+    def _replay_checked(
+        self, entry: GraphEntry, context: ForwardContext, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """A replay the guard did not wave through: look closer, report, replay (with the canary on
+        a sampled replay), and in debug mode leave the per-step inputs holding the sentinel."""
+        runtime, checks = self.runtime, entry.checks
+        debug = runtime.address_check is _DEBUG
+        findings, sampled = checks.inspect(args, kwargs, debug)
+        if findings:
+            runtime.report_findings(self.name, context.mode, context.descriptor, findings)
+        if self.reports:
+            runtime.observer.on_replay(context.mode, context.descriptor, context.num_real_tokens)
+        canary = None
+        if sampled and self.reports and (debug or runtime.canary):
+            canary = CanaryRun(checks.layout, checks.mutated, args, kwargs)
+        graph = entry.graph
+        if entry.runs_pass:
+            outputs = graph.run(args, kwargs)
+        else:
+            graph.replay()
+            outputs = graph.outputs
+        if canary is not None:
+            with use_forward_context(None):  # the eager step runs plainly, nested wrappers included
+                eager = self.source.run_eagerly(GraphCall(context, canary.eager_args, canary.eager_kwargs))
+            mismatches = canary.compare(outputs, eager)
+            if mismatches:
+                runtime.report_findings(self.name, context.mode, context.descriptor, mismatches)
+        if debug and checks.per_step is not None:
+            checks.per_step.poison()
+        return outputs
 
     def _capture_or_fallback(
         self, context: ForwardContext, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -214,12 +286,51 @@ class CUDAGraphWrapper:
                 return self.source.run_eagerly(call)
             unexpected = decision is CaptureDecision.CAPTURE_UNEXPECTED
             entry, outputs = self.source.capture(self, call, unexpected)
+            entry.checks = self._checks_for(entry.layout)
+            entry.guard = entry.checks.clean
             self._graphs[entry.descriptor] = entry
             self._by_identity[id(entry.descriptor)] = entry
             if self.reports:
                 event = entry.capture_event(self.name, runtime.backend_name, runtime.warmup_iters)
                 runtime.report_capture(event)
             return outputs
+
+    def _checks_for(self, layout: InputLayout) -> ReplayChecks:
+        """What a new graph's replays are checked against, from the inputs its capture recorded."""
+        try:
+            per_step = layout.named(self.per_step_inputs)
+            mutated = None if self.mutated_inputs is None else layout.named(self.mutated_inputs)
+        except ValueError as exc:
+            raise GraphCacheError(f"wrapper {self.name!r}: {exc}") from None
+        return ReplayChecks(
+            layout,
+            check_inputs=self.role is not GraphRole.PASS,
+            state=ModuleState(self.module) if self.module is not None else None,
+            per_step=PerStepInputs(per_step, self.runtime.version_cells) if per_step else None,
+            mutated=mutated,
+            sampling=self.runtime.sampling,
+        )
+
+    def capture(
+        self, descriptor: BatchDescriptor, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+        **context: Any,
+    ) -> GraphEntry | None:
+        """Capture ``descriptor``'s graph now, on these inputs, as a call under that forward context
+        (``context``: its other fields, such as ``ubatch_slices``) would. Inside the capture phase it
+        captures; after the lock it is an unexpected capture like any other: reported, then raised,
+        served eagerly (no graph: None) or captured, by policy. Before the phase it is refused."""
+        if self.runtime.phase is CapturePhase.BEFORE:
+            raise GraphCacheError(
+                f"wrapper {self.name!r}: capture() before the capture phase; call it inside "
+                "`with runtime.capture_phase():`"
+            )
+        held = self.lookup(descriptor)
+        if held is not None:
+            return held
+        with set_forward_context(self.runtime_mode, descriptor, **context) as forward:
+            assert forward is not None
+            self._capture_or_fallback(forward, tuple(args), dict(kwargs or {}))
+        return self.lookup(descriptor)
 
     def capture_entry(
         self,
@@ -234,7 +345,7 @@ class CUDAGraphWrapper:
         """Record the call's inputs, capture ``fn`` (on ``captured_args``, by default the call's own
         arguments) and build the entry: the part of a capture every source shares."""
         runtime = self.runtime
-        layout = InputLayout.record(self.parameter_names, call.args, call.kwargs)
+        layout = self.record_inputs(call)
         fn_args, fn_kwargs = captured_args if captured_args is not None else (call.args, call.kwargs)
         graph = runtime.backend.capture(fn, fn_args, fn_kwargs, runtime.warmup_iters)
         context = call.context
@@ -242,6 +353,10 @@ class CUDAGraphWrapper:
             context.descriptor, context.mode, graph, layout, graph.capture_seconds, graph.pool_bytes,
             unexpected, **fields,
         )
+
+    def record_inputs(self, call: GraphCall) -> InputLayout:
+        """Every tensor input of the call, named by this wrapper's parameters."""
+        return InputLayout.record(self.parameter_names, call.args, call.kwargs)
 
     def __repr__(self) -> str:
         return (

@@ -170,6 +170,7 @@ class UBatchWrapper:
     dimension 0); every other argument (the KV cache, say) is passed whole to every ubatch. The
     model must return one tensor with a row per token. ``handover_timeout`` bounds how long a
     ubatch waits for its turn before the step fails with a clear error instead of hanging.
+    ``per_step_inputs`` and ``mutated_inputs`` are the core's (see ``CUDAGraphWrapper``).
 
     Its graphs are served by one ``CUDAGraphWrapper`` (``core``), keyed by descriptor like every
     other graph, with this wrapper as the core's graph source: a FULL step with slices is captured
@@ -184,6 +185,8 @@ class UBatchWrapper:
         name: str | None = None,
         token_inputs: Sequence[str] = DEFAULT_TOKEN_INPUTS,
         handover_timeout: float = DEFAULT_HANDOVER_TIMEOUT_S,
+        per_step_inputs: Sequence[str] = (),
+        mutated_inputs: Sequence[str] | None = None,
     ) -> None:
         if handover_timeout <= 0:
             raise ValueError(f"handover_timeout must be positive, got {handover_timeout}")
@@ -194,7 +197,10 @@ class UBatchWrapper:
         self.handover_timeout = handover_timeout
         self.parameter_names = ParameterNames.of(runnable)
         self._plain = CallableSource(runnable)
-        self.core = CUDAGraphWrapper(runnable, runtime, FULL, name=self.name, source=self)
+        self.core = CUDAGraphWrapper(
+            runnable, runtime, FULL, name=self.name, source=self,
+            per_step_inputs=per_step_inputs, mutated_inputs=mutated_inputs,
+        )
         self._comm_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._lock = threading.Lock()
 

@@ -8,13 +8,13 @@ import torch
 from capture_core.checks import (
     AddressCheckMode,
     AddressDriftError,
-    InputLayout,
     ParameterNames,
     effective_check_mode,
 )
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationKind
 from capture_core.forward_context import set_forward_context
+from capture_core.inputs import InputLayout
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime
 from capture_core.wrapper import CUDAGraphWrapper
@@ -163,10 +163,10 @@ def test_a_drifted_list_item_is_named_with_its_index(runtime, observer):
     assert event.expected_address == caches[3].data_ptr() and event.actual_address == moved[3].data_ptr()
 
 
-def test_find_drift_covers_bare_nested_and_keyword_inputs():
+def test_find_changes_covers_bare_nested_and_keyword_inputs():
     t = [torch.zeros(1) for _ in range(5)]
     layout = InputLayout.record(ParameterNames(("a", "b")), (t[0], [t[1], t[2]]), {"c": t[3], "d": (t[4],)})
-    assert layout.find_drift((t[0], [t[1], t[2]]), {"c": t[3], "d": (t[4],)}) == []
+    assert layout.find_changes((t[0], [t[1], t[2]]), {"c": t[3], "d": (t[4],)}) == []
     moved = [x.clone() for x in t]
     for index, call in enumerate(
         [
@@ -176,8 +176,9 @@ def test_find_drift_covers_bare_nested_and_keyword_inputs():
             ((t[0], [t[1], t[2]]), {"c": t[3], "d": (moved[4],)}),
         ]
     ):
-        (drift,) = layout.find_drift(*call)
+        (drift,) = layout.find_changes(*call)
         name = ["a", "b[1]", "c", "d[0]"][index]
         number = [0, 2, 3, 4][index]
         expected = (name, t[number].data_ptr(), moved[number].data_ptr())
-        assert (drift.name, drift.expected, drift.actual) == expected
+        assert (drift.name, drift.expected_address, drift.actual_address) == expected
+        assert drift.kind is ViolationKind.ADDRESS_DRIFT

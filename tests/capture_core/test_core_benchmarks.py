@@ -38,11 +38,16 @@ def test_gpu_core_quick_records_every_section(tmp_path):
     assert "Replay vs eager" in stdout and "Targets" in stdout
 
 
-def test_check_cost_times_the_check_over_the_runner_inputs(tmp_path):
+def test_check_cost_times_every_check_over_the_runner_inputs(tmp_path):
     out = tmp_path / "check_cost.json"
-    stdout = run_script("bench/check_cost.py", "--calls", "500", "--repeats", "3", "--out", str(out))
-    rows = {r["what"]: r for r in json.loads(out.read_text())["results"]}
-    assert rows["runner graph inputs"]["inputs"] == 4
-    assert rows["kv_caches list of 80 layers"]["inputs"] == 83
-    assert rows["wrapper call, check ALWAYS_ON (replay stubbed)"]["check_ns_per_call"] is not None
-    assert "Always-on address check" in stdout
+    stdout = run_script("bench/check_cost.py", "--calls", "200", "--repeats", "3", "--out", str(out))
+    rows = {(r["section"], r["what"]): r for r in json.loads(out.read_text())["results"]}
+    guard = "replay guard, runner graph"
+    assert rows[(guard, "addresses + layouts (identity of every tensor input)")]["inputs"] == 4
+    assert (guard, "+ stale inputs (3 version counters): the runner's") in rows
+    assert rows[("kv_caches list of 80 layers", "replay guard")]["inputs"] == 83
+    assert rows[("nested inputs (a dataclass of 4 tensors, a dict of 2)", "replay guard")]["inputs"] == 8
+    wrapper = "wrapper call, replay stubbed (runner graph)"
+    assert rows[(wrapper, "ALWAYS_ON - OFF: every check as a step pays")]["ns_per_call"] is not None
+    assert any(what.startswith("sampled replay:") for _, what in rows)
+    assert "Replay checks on the host" in stdout

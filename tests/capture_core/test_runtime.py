@@ -80,10 +80,13 @@ def test_capture_policy_emits_the_event_then_captures_marked_unexpected(observer
 
 
 def test_capture_is_locked_for_good_when_the_phase_ends(observer):
-    runtime, _ = started(observer, "raise")
+    runtime, wrapper = started(observer, "raise")
     assert runtime.phase is CapturePhase.LOCKED
-    with pytest.raises(GraphCacheError, match="capture is locked"), runtime.capture_phase():
-        pass
+    # A phase begun after the lock unlocks nothing: a capture inside it is an unexpected capture.
+    with pytest.raises(GraphCacheError, match="capture was locked"), runtime.capture_phase():
+        late_call(wrapper)
+    assert runtime.locked
+    assert_one_unexpected_capture_event(observer, "raise")
 
 
 def test_nested_capture_phases_lock_when_the_outermost_ends(runtime):
