@@ -91,7 +91,7 @@ class ReplayChecks:
         if self.state is not None and (sampled or self.state.checked_at[0] != REGISTRATIONS[0]):
             findings += self.state.find_changes()
         if self.per_step is not None:
-            seen = {f.name for f in findings}
+            seen = {f.name for f in findings} | self.per_step.displaced(args, kwargs)
             stale = self.per_step.stale_by_sentinel if debug else self.per_step.stale_by_version
             findings += stale(seen)
         self._arm(self.replays + 1)

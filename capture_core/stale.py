@@ -26,7 +26,7 @@ import torch
 
 from capture_core.checks import Finding
 from capture_core.events import ViolationKind
-from capture_core.inputs import TensorInput
+from capture_core.inputs import TensorInput, compare
 
 
 def sentinel_of(dtype: torch.dtype) -> int | float | None:
@@ -88,6 +88,19 @@ class PerStepInputs:
                 self.unchecked.append(
                     f"{spec.name} ({spec.tensor.dtype} has no sentinel value: not checked in debug mode)"
                 )
+
+    def displaced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[str]:
+        """The inputs this call does not pass at their captured place: another tensor there is a
+        drift (reported as one where inputs are checked), not a stale input."""
+        names = set()
+        for spec in self.inputs:
+            try:
+                value = spec.read(args, kwargs)
+            except (LookupError, TypeError, AttributeError):
+                value = None
+            if compare(spec.name, spec.tensor, spec.key, value, deep=False) is not None:
+                names.add(spec.name)
+        return names
 
     def stale_by_version(self, skip: set[str]) -> list[Finding]:
         """The inputs whose counter did not move since the previous replay; notes the counters."""

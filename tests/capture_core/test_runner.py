@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from capture_core.canary import Sampling
 from capture_core.checks import AddressDriftError
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationKind
+from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.reference import ModelConfig, ReferenceDecoder
 from capture_core.runner import DecodeRunner
@@ -181,3 +183,53 @@ class _NamedCuda:
 def test_a_cpu_model_on_the_cuda_backend_is_refused(model):
     with pytest.raises(ValueError, match="move it to the GPU"):
         DecodeRunner(model, GraphRuntime(_NamedCuda(), progress=False), SIZES)
+
+
+@pytest.mark.parametrize("policy", ["raise", "eager", "capture"])
+def test_a_second_runner_started_after_start_up_is_an_unexpected_capture_by_policy(model, observer, policy):
+    runner = make_runner(model, observer, unexpected_capture=policy)
+    draft = DecodeRunner(model, runner.runtime, [1, 2], name="draft")  # a lazily built draft model
+    if policy == "raise":
+        with pytest.raises(UnexpectedCaptureError, match="'draft'"):
+            draft.capture()
+    else:
+        draft.capture()
+    late = [v for v in observer.violations if v.wrapper == "draft"]
+    assert late and all(v.kind is ViolationKind.UNEXPECTED_CAPTURE for v in late)
+    assert all("test_runner.py" in v.stack for v in late)
+    assert len(late) == (1 if policy == "raise" else 2)  # every capture attempt, on every bucket
+    drafts = [e.unexpected for e in observer.captures if e.wrapper == "draft"]
+    assert drafts == ([True, True] if policy == "capture" else [])
+
+
+def test_weights_reloaded_by_assignment_are_caught_through_the_runner(model, observer):
+    fresh = ReferenceDecoder(CONFIG, seed=1)
+    runner = make_runner(fresh, observer)
+    runner.step(*batch(4, seed=0))
+    fresh.lm_head.weight = torch.nn.Parameter(fresh.lm_head.weight.detach().clone(), requires_grad=False)
+    runner.step(*batch(4, seed=1))
+    (event,) = observer.violations
+    assert (event.kind, event.input_name, event.wrapper) == (
+        ViolationKind.ADDRESS_DRIFT, "self.lm_head.weight", "decode"
+    )
+
+
+def test_a_replay_without_the_step_s_writes_is_stale_through_the_runner(model, observer):
+    runner = make_runner(model, observer)
+    runner.step(*batch(4, seed=0))
+    views = runner.buffers.views(4)
+    with torch.no_grad(), set_forward_context(FULL, runner.route(4).descriptor, 4):
+        runner.graphed(views["input_ids"], views["positions"], views["slot_ids"], runner.kv_cache)
+    assert [(v.kind, v.input_name) for v in observer.violations] == [
+        (ViolationKind.STALE_INPUT, name) for name in ("input_ids", "positions", "slot_ids")
+    ]
+
+
+def test_the_canary_confirms_a_planted_drift_computed_the_previous_step(model, observer):
+    runner = make_runner(model, observer, canary=True, sampling=Sampling(first=0, every=1))
+    first, second = batch(4, seed=5), batch(4, seed=6)
+    runner.step(*first)
+    runner.inject_address_drift(second[0], first[1], first[2])
+    assert [(v.kind, v.input_name) for v in observer.violations][:2] == [
+        (ViolationKind.ADDRESS_DRIFT, "input_ids"), (ViolationKind.REPLAY_MISMATCH, "output"),
+    ]

@@ -159,3 +159,38 @@ def test_configuration_errors_are_clear():
     with pytest.raises(ValueError, match="auto, cuda, eager"):
         GraphRuntime("tpu")
     assert UnexpectedCapturePolicy.parse(" EAGER ") is UnexpectedCapturePolicy.EAGER
+
+
+@pytest.mark.parametrize("policy", ["raise", "eager", "capture"])
+def test_a_capture_phase_begun_after_the_lock_captures_only_by_policy_and_always_records(observer, policy):
+    runtime, _ = started(observer, policy)
+    late = CUDAGraphWrapper(square, runtime, name="late")  # a model built after start-up
+    with runtime.capture_phase(), set_forward_context(FULL, LATE, num_real_tokens=2):
+        if policy == "raise":
+            with pytest.raises(UnexpectedCaptureError):
+                late(LATE_INPUT)
+        else:
+            assert torch.equal(late(LATE_INPUT), torch.full((2,), 9.0))
+    assert runtime.locked
+    (event,) = observer.violations
+    assert (event.kind, event.wrapper) == (ViolationKind.UNEXPECTED_CAPTURE, "late")
+    assert "test_runtime.py" in event.stack
+    assert [e.unexpected for e in observer.captures] == [False] + ([True] if policy == "capture" else [])
+
+
+def test_a_direct_capture_is_guarded_like_any_other(observer):
+    runtime = GraphRuntime("eager", observer=observer, unexpected_capture="eager", progress=False)
+    wrapper = CUDAGraphWrapper(square, runtime, name="square")
+    with pytest.raises(GraphCacheError, match="before the capture phase"):
+        wrapper.capture(CAPTURED, (torch.ones(8),))
+    with runtime.capture_phase():
+        entry = wrapper.capture(CAPTURED, (torch.ones(8),))
+        assert entry is wrapper.capture(CAPTURED, (torch.ones(8),))  # held: not captured again
+    assert entry is not None and not entry.unexpected
+    assert wrapper.capture(LATE, (LATE_INPUT,)) is None  # after the lock: recorded, then the policy
+    assert [v.kind for v in observer.violations] == [ViolationKind.UNEXPECTED_CAPTURE]
+    assert observer.eagers == [(EagerReason.UNEXPECTED_CAPTURE, 2, FULL)]
+    runtime.unexpected_capture = UnexpectedCapturePolicy.RAISE
+    with pytest.raises(UnexpectedCaptureError):
+        wrapper.capture(LATE, (LATE_INPUT,))
+    assert len(observer.violations) == 2
