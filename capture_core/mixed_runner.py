@@ -67,12 +67,12 @@ class MixedBatchRunner(StepRunner):
         )
         self.piecewise: PiecewiseGraph | None = None
         if mode.has_piecewise_cudagraphs():
-            self.piecewise = PiecewiseGraph(model, runtime, name=f"{name}.piecewise", **self.checked_inputs)
+            self.piecewise = PiecewiseGraph(model, runtime, name=f"{name}.piecewise", **self.graph_options)
         inner = self.piecewise if self.piecewise is not None else model
         self.full: CUDAGraphWrapper | None = None
         if mode.has_full_cudagraphs():
             self.full = CUDAGraphWrapper(
-                inner, runtime, FULL, name=f"{name}.full", module=model, **self.checked_inputs
+                inner, runtime, FULL, name=f"{name}.full", module=model, **self.graph_options
             )
         self._top = self.full if self.full is not None else inner
 

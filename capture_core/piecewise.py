@@ -35,7 +35,7 @@ from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import CaptureDecision, GraphRuntime
-from capture_core.wrapper import CUDAGraphWrapper, GraphCall, GraphEntry, GraphRole
+from capture_core.wrapper import CanaryPart, CUDAGraphWrapper, GraphCall, GraphEntry, GraphRole
 
 _BREAK_ATTR = "_graph_inspector_break_point"
 _PIECEWISE = CUDAGraphMode.PIECEWISE
@@ -219,6 +219,7 @@ class PiecewiseGraph:
         *,
         per_step_inputs: Sequence[str] = (),
         mutated_inputs: Sequence[str] | None = None,
+        compared: CanaryPart | None = None,
     ) -> None:
         self.model = model
         self.runtime = runtime
@@ -236,7 +237,7 @@ class PiecewiseGraph:
             self.segments.append(wrapper)
         self.core = CUDAGraphWrapper(
             model, runtime, _PIECEWISE, name=self.name, source=self, role=GraphRole.PASS,
-            per_step_inputs=per_step_inputs, mutated_inputs=mutated_inputs,
+            per_step_inputs=per_step_inputs, mutated_inputs=mutated_inputs, compared=compared,
         )
 
     @property

@@ -98,11 +98,11 @@ class DecodeRunner(StepRunner):
             }
         self.graphed: CUDAGraphWrapper | UBatchWrapper
         if self.ubatch_slices:
-            tokens = self.checked_inputs["per_step_inputs"]
-            checked = self.checked_inputs
+            tokens = self.graph_options["per_step_inputs"]
+            checked = self.graph_options
             self.graphed = UBatchWrapper(model, runtime, name=name, token_inputs=tokens, **checked)
         else:
-            self.graphed = CUDAGraphWrapper(model, runtime, FULL, name=name, **self.checked_inputs)
+            self.graphed = CUDAGraphWrapper(model, runtime, FULL, name=name, **self.graph_options)
         self._routes = self._route_table()
 
     def _route_table(self) -> list[Dispatch | None]:

@@ -20,7 +20,7 @@ from capture_core.buffers import BufferSpec, StaticBuffers
 from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
-from capture_core.forward_context import set_forward_context, use_forward_context
+from capture_core.forward_context import ForwardContext, set_forward_context, use_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime
 
@@ -57,13 +57,27 @@ class StepRunner(abc.ABC):
             device=device,
         )
         names = ParameterNames.of(model)
-        self.checked_inputs: dict[str, Any] = {
+        self._kv_name = names.name_of(len(INPUT_NAMES))
+        self.graph_options: dict[str, Any] = {
             "per_step_inputs": [names.name_of(i) for i in range(len(INPUT_NAMES))],
-            "mutated_inputs": [names.name_of(len(INPUT_NAMES))],
+            "mutated_inputs": [self._kv_name],
+            "compared": self._real_part,
         }
         """What the runner's graph wrappers are told of the model's inputs (by the model's own
         parameter names): the token inputs are written every step, the KV cache is what a step
-        mutates."""
+        mutates, and the canary compares the real part of the logits and of the KV cache."""
+
+    kv_slot_dim = 2
+    """The KV cache's slot dimension, in the reference decoder's layout (layers, K/V, slots, ...)."""
+
+    def _real_part(self, name: str, tensor: torch.Tensor, context: ForwardContext) -> torch.Tensor:
+        """What of a step's logits and KV cache the canary compares: the real tokens' rows, and every
+        slot but the spare padding slot, which padding rows write in any order on a GPU."""
+        if name == self._kv_name:
+            return tensor.narrow(self.kv_slot_dim, 0, self.padding_slot)
+        if tensor.dim() and tensor.shape[0] == context.descriptor.num_tokens:
+            return tensor[: context.num_real_tokens]
+        return tensor
 
     @abc.abstractmethod
     def count_tokens(self, tokens: Tokens, attn_metadata: Any = None) -> int:

@@ -19,11 +19,13 @@ benchmarked against a bare ``replay()`` (``bench/gpu_overhead.py``).
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol
 
+import torch
 from torch import nn
 
 from capture_core.backends import CapturedGraph
@@ -153,6 +155,9 @@ class GraphRole(enum.Enum):
     """One segment of a pass: it checks its inputs; the pass speaks for it (capture, replay)."""
 
 
+CanaryPart = Callable[[str, torch.Tensor, ForwardContext], torch.Tensor]
+"""``compared(name, tensor, context)``: the part of an output or mutated input the canary compares."""
+
 _RUNNABLE: Any = object()
 """``module`` default: the runnable itself when it is an ``nn.Module``."""
 
@@ -166,8 +171,9 @@ class CUDAGraphWrapper:
     module). ``per_step_inputs`` names the inputs every step must write before the replay (checked
     for ``stale_input``); ``mutated_inputs`` the inputs the step writes, which the canary copies
     (None: every tensor input). Names are as capture records show them; a name picks that input
-    and everything inside it. An owner capturing on a wrapper's behalf sets ``decision`` for the
-    duration, instead of the wrapper asking the runtime's capture guard itself.
+    and everything inside it. ``compared(name, tensor, context)`` picks what of an output or a
+    mutated input the canary compares (default: all of it). An owner capturing on a wrapper's behalf
+    sets ``decision`` for the duration, instead of the wrapper asking the runtime's capture guard.
     """
 
     def __init__(
@@ -182,6 +188,7 @@ class CUDAGraphWrapper:
         module: nn.Module | None = _RUNNABLE,
         per_step_inputs: Sequence[str] = (),
         mutated_inputs: Sequence[str] | None = None,
+        compared: CanaryPart | None = None,
     ) -> None:
         if runtime_mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
             raise ValueError(f"a graph wrapper serves FULL or PIECEWISE batches, not {runtime_mode.name}")
@@ -198,6 +205,7 @@ class CUDAGraphWrapper:
         self.module: nn.Module | None = module if self.reports else None
         self.per_step_inputs = tuple(per_step_inputs)
         self.mutated_inputs = None if mutated_inputs is None else tuple(mutated_inputs)
+        self.compared = compared
         self.decision: CaptureDecision | None = None
         self._graphs: dict[BatchDescriptor, GraphEntry] = {}
         # id(captured descriptor object) -> entry. Hashing a frozen dataclass costs more than the
@@ -264,7 +272,8 @@ class CUDAGraphWrapper:
         if canary is not None:
             with use_forward_context(None):  # the eager step runs plainly, nested wrappers included
                 eager = self.source.run_eagerly(GraphCall(context, canary.eager_args, canary.eager_kwargs))
-            mismatches = canary.compare(outputs, eager)
+            part = None if self.compared is None else functools.partial(self.compared, context=context)
+            mismatches = canary.compare(outputs, eager, part)
             if mismatches:
                 runtime.report_findings(self.name, context.mode, context.descriptor, mismatches)
         if debug and checks.per_step is not None:

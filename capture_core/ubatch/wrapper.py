@@ -39,7 +39,7 @@ from capture_core.ubatch.context import (
 )
 from capture_core.ubatch.slices import UBatchSlice
 from capture_core.ubatch.threads import UBatchThreads
-from capture_core.wrapper import CallableSource, CUDAGraphWrapper, GraphCall, GraphEntry
+from capture_core.wrapper import CallableSource, CanaryPart, CUDAGraphWrapper, GraphCall, GraphEntry
 
 FULL = CUDAGraphMode.FULL
 DEFAULT_TOKEN_INPUTS = ("input_ids", "positions", "slot_ids")
@@ -187,6 +187,7 @@ class UBatchWrapper:
         handover_timeout: float = DEFAULT_HANDOVER_TIMEOUT_S,
         per_step_inputs: Sequence[str] = (),
         mutated_inputs: Sequence[str] | None = None,
+        compared: CanaryPart | None = None,
     ) -> None:
         if handover_timeout <= 0:
             raise ValueError(f"handover_timeout must be positive, got {handover_timeout}")
@@ -199,7 +200,7 @@ class UBatchWrapper:
         self._plain = CallableSource(runnable)
         self.core = CUDAGraphWrapper(
             runnable, runtime, FULL, name=self.name, source=self,
-            per_step_inputs=per_step_inputs, mutated_inputs=mutated_inputs,
+            per_step_inputs=per_step_inputs, mutated_inputs=mutated_inputs, compared=compared,
         )
         self._comm_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._lock = threading.Lock()

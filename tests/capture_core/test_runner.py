@@ -15,6 +15,7 @@ from capture_core.reference import ModelConfig, ReferenceDecoder
 from capture_core.runner import DecodeRunner
 from capture_core.runtime import GraphRuntime, UnexpectedCaptureError
 from capture_core.sizes import EagerReason
+from capture_core.wrapper import CUDAGraphWrapper
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
@@ -233,3 +234,33 @@ def test_the_canary_confirms_a_planted_drift_computed_the_previous_step(model, o
     assert [(v.kind, v.input_name) for v in observer.violations][:2] == [
         (ViolationKind.ADDRESS_DRIFT, "input_ids"), (ViolationKind.REPLAY_MISMATCH, "output"),
     ]
+
+
+class NoisyPadding(ReferenceDecoder):
+    """Fills the spare padding slot with fresh noise every step, as padding rows' scatters into one
+    slot land in any order on a GPU."""
+
+    def forward(self, input_ids, positions, slot_ids, kv_cache, attn_metadata=None):
+        kv_cache[:, :, self.config.padding_slot].normal_()
+        return super().forward(input_ids, positions, slot_ids, kv_cache, attn_metadata)
+
+
+def test_the_canary_compares_what_is_real_and_leaves_the_padding_out(observer):
+    model = NoisyPadding(CONFIG, seed=1)
+    runner = make_runner(model, observer, canary=True, sampling=Sampling(first=0, every=1))
+    for seed in range(3):
+        runner.step(*batch(3, seed=seed))  # padded to 4: one padding row, reading the noisy slot
+    assert observer.violations == [] and len(observer.replays) == 3
+    # A wrapper told nothing of the padding compares all of it, and the noise shows.
+    runtime = GraphRuntime("eager", observer=observer, progress=False, canary=True, sampling=Sampling(0, 1))
+    plain = CUDAGraphWrapper(model, runtime, FULL, name="plain", mutated_inputs=["kv_cache"])
+    ids, positions, slots = batch(3, seed=9)
+    views = runner.buffers.load(4, input_ids=ids, positions=positions, slot_ids=slots)
+    args = (views["input_ids"], views["positions"], views["slot_ids"], runner.kv_cache)
+    descriptor = BatchDescriptor(4, 4, True)
+    with torch.no_grad():
+        with runtime.capture_phase(), set_forward_context(FULL, descriptor, 3):
+            plain(*args)
+        with set_forward_context(FULL, descriptor, 3):
+            plain(*args)
+    assert {v.input_name for v in observer.violations} == {"kv_cache"}
