@@ -220,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="where the runner's tensors live: cpu, cuda or auto")
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed burst (default 2000)")
     parser.add_argument("--repeats", type=int, default=60, help="bursts per variant (default 60)")
+    parser.add_argument("--quick", action="store_true", help="200 calls, 3 bursts: a check that it runs")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.calls, args.repeats = 200, 3
     device = resolve_device(args.device)
     torch.set_num_threads(1)
     results = measure(device, args.calls, args.repeats)

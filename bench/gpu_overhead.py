@@ -1,17 +1,22 @@
 """Wrapper overhead floor: what ``CUDAGraphWrapper`` adds to a bare ``CUDAGraph.replay()``.
 
 A one-kernel graph is the worst case for a wrapper: the GPU work is negligible, so every host
-nanosecond the wrapper spends (forward-context read, dictionary lookup, address loop, observer
+nanosecond the wrapper spends (forward-context read, dictionary lookup, replay guard, observer
 call) shows. This measures host microseconds per call over short bursts of back-to-back calls
 (short enough that the launch queue never fills, so the figure is the host's cost of issuing the
 call and not the GPU's pace), all variants interleaved burst by burst in one run:
 
 * ``bare replay()``: the limit, ``torch.cuda.CUDAGraph.replay`` called directly;
-* the wrapper with the address check off, with the always-on check (the default), with the
-  always-on check and a real inspector ``Recorder`` as observer (writing into SQLite in a temp dir),
-  and with ``set_forward_context`` entered per call, as the decode runner does once per step.
+* the wrapper with the checks off, with the always-on checks of its one tensor input (address,
+  layout; the default), then with each further always-on check: the wrapped module's state (the
+  kernel as an ``nn.Module`` with a buffer), a declared per-step input (its version counter; the
+  variant also sets the guard's version cell back, three list stores standing for the step's
+  write), and in debug mode (every check and the canary on every replay; no per-step input, whose
+  debug check needs a real write);
+* the default wrapper with a real inspector ``Recorder`` as observer (writing into SQLite in a temp
+  dir), and with ``set_forward_context`` entered per call, as the decode runner does once per step.
 
-Target: the wrapper (always-on check) adds under 1 us per call to a bare replay.
+Target: the wrapper (always-on checks) adds under 1 us per call to a bare replay.
 
 On a host without CUDA (``--quick`` for the tests) the eager backend stands in and the "bare"
 variant is a direct call of the kernel function; those figures exercise the code, they are not
@@ -32,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from bench.check_cost import lagging
 from bench.common import (
     Budget,
     Stats,
@@ -83,16 +89,46 @@ def bare_graph(x: torch.Tensor) -> Callable[[], None]:
     return lambda: graph.replay()
 
 
+class OneKernel(torch.nn.Module):
+    """``one_kernel`` with a scale held as a buffer: a wrapped module, whose state is checked."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.full((), 2.0, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mul(self.scale)
+
+
 def captured_wrapper(
-    x: torch.Tensor, check: AddressCheckMode, observer: GraphObserver | None
+    x: torch.Tensor,
+    check: AddressCheckMode,
+    observer: GraphObserver | None,
+    *,
+    runnable: Callable[[torch.Tensor], torch.Tensor] = one_kernel,
+    per_step: bool = False,
 ) -> CUDAGraphWrapper:
-    """A wrapper around ``one_kernel`` with its one graph captured, capture then locked."""
+    """A wrapper around ``runnable`` with its one graph captured, capture then locked."""
     backend: Any = "cuda" if x.device.type == "cuda" else EagerBackend()
     runtime = GraphRuntime(backend, address_check=check, observer=observer, progress=False)
-    wrapper = CUDAGraphWrapper(one_kernel, runtime, CUDAGraphMode.FULL, name="one_kernel")
+    wrapper = CUDAGraphWrapper(
+        runnable, runtime, CUDAGraphMode.FULL, name="one_kernel", per_step_inputs=["x"] if per_step else ()
+    )
     with runtime.capture_phase(), set_forward_context(CUDAGraphMode.FULL, DESCRIPTOR):
         wrapper(x)
     return wrapper
+
+
+def written_each_call(wrapper: CUDAGraphWrapper, x: torch.Tensor) -> Callable[[], object]:
+    """The wrapper called after its per-step input's version cell is set back (the step's write)."""
+    entry = next(iter(wrapper.graphs.values()))
+    written = lagging(entry.checks.per_step)
+
+    def call() -> object:
+        written()
+        return wrapper(x)
+
+    return call
 
 
 def with_context_per_call(wrapper: CUDAGraphWrapper, x: torch.Tensor) -> Callable[[], object]:
@@ -117,14 +153,20 @@ def run(args: Any) -> dict[str, Any]:
 
     with ExitStack() as stack:
         recorder = stack.enter_context(temporary_recorder("bench gpu_overhead"))
+        on = AddressCheckMode.ALWAYS_ON
         wrapped = {
             "wrapper, check off": captured_wrapper(x, AddressCheckMode.OFF, None),
-            TARGET_VARIANT: captured_wrapper(x, AddressCheckMode.ALWAYS_ON, None),
-            "wrapper, always-on + recorder": captured_wrapper(x, AddressCheckMode.ALWAYS_ON, recorder),
+            TARGET_VARIANT: captured_wrapper(x, on, None),
+            "wrapper, always-on + module state": captured_wrapper(x, on, None, runnable=OneKernel(x.device)),
+            "wrapper, always-on + recorder": captured_wrapper(x, on, recorder),
         }
         variants: dict[str, Callable[[], object]] = {BARE: bare_graph(x)}
         for name, wrapper in wrapped.items():
             variants[name] = lambda w=wrapper: w(x)
+        stale = captured_wrapper(x, on, None, runnable=OneKernel(x.device), per_step=True)
+        variants["wrapper, always-on + module state + stale input"] = written_each_call(stale, x)
+        debug = captured_wrapper(x, AddressCheckMode.DEBUG, None, runnable=OneKernel(x.device))
+        variants["wrapper, debug mode (every check, the canary)"] = lambda: debug(x)
         variants["wrapper + forward context per call"] = with_context_per_call(wrapped[TARGET_VARIANT], x)
 
         # The forward context every wrapper variant reads, set once as an engine sets it per step.

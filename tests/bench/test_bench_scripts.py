@@ -102,6 +102,9 @@ def test_overhead_quick_compares_wrapper_variants_to_bare(quick_results) -> None
         "bare replay()",
         "wrapper, check off",
         "wrapper, always-on check",
+        "wrapper, always-on + module state",
+        "wrapper, always-on + module state + stale input",
+        "wrapper, debug mode (every check, the canary)",
         "wrapper, always-on + recorder",
         "wrapper + forward context per call",
     }

@@ -51,3 +51,21 @@ def test_check_cost_times_every_check_over_the_runner_inputs(tmp_path):
     assert rows[(wrapper, "ALWAYS_ON - OFF: every check as a step pays")]["ns_per_call"] is not None
     assert any(what.startswith("sampled replay:") for _, what in rows)
     assert "Replay checks on the host" in stdout
+
+
+@pytest.mark.slow
+def test_gpu_checks_quick_reports_sampled_step_costs_and_no_false_alarms(tmp_path):
+    out = tmp_path / "gpu_checks.json"
+    stdout = run_script("bench/gpu_checks.py", "--quick", "--budget-s", "120", "--out", str(out))
+    payload = json.loads(out.read_text())
+    sampled, traffic = payload["results"]["sampled_step"], payload["results"]["clean_traffic"]
+    assert {r["variant"] for r in sampled} == {
+        "no replay sampled", "every replay sampled", "every replay sampled, canary on"
+    }
+    assert {(r["runner"], r["mode"]) for r in traffic} == {
+        (runner, mode) for runner in ("decode", "mixed piecewise", "micro-batched decode")
+        for mode in ("always_on", "debug")
+    }
+    assert all(r["violations"] == 0 and r["replays"] > 0 for r in traffic)
+    assert all(t["met"] for t in payload["targets"])
+    assert "Clean traffic with every check on" in stdout
