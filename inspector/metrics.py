@@ -92,7 +92,8 @@ METRICS: tuple[MetricSpec, ...] = (
         f"{PREFIX}violations_total",
         "counter",
         ("kind",),
-        "Violations seen (every occurrence), by kind: address_drift, unexpected_capture, ...",
+        "Violations seen (every occurrence), by kind: address_drift, layout_mismatch, stale_input, "
+        "unexpected_capture, replay_mismatch, rerecord_storm, compile_skip",
     ),
     MetricSpec(
         f"{PREFIX}compile_events_total",

@@ -156,16 +156,16 @@ def _finding_from_event(event: Any, nodeid: str) -> Any:
 
 
 def _finding_from_exception(excinfo: pytest.ExceptionInfo[BaseException] | None, nodeid: str) -> Any:
-    """A graph-cache error raised through a test (a DEBUG-mode drift, an unexpected capture)."""
+    """A graph-cache error raised through a test (a DEBUG-mode finding of a replay check, an
+    unexpected capture), with its violation kind."""
     checks = sys.modules.get("capture_core.checks")
     if excinfo is None or checks is None or not excinfo.errisinstance(checks.GraphCacheError):
         return None
     from inspector.report import Finding
 
-    kind = {
-        "AddressDriftError": "address_drift",
-        "UnexpectedCaptureError": "unexpected_capture",
-    }.get(excinfo.type.__name__, "graph_cache_error")
+    kinds = {error.__name__: kind.value for kind, error in checks.ERRORS.items()}
+    kinds["UnexpectedCaptureError"] = "unexpected_capture"
+    kind = kinds.get(excinfo.type.__name__, "graph_cache_error")
     return Finding(kind=kind, message=str(excinfo.value), where=nodeid)
 
 

@@ -19,7 +19,7 @@ def test_always_on_records_the_fault_and_the_step_goes_on(kind, fault, observer)
     violation_kind, name, _ = FAULTS[fault]
     first = observer.violations[0]
     assert (first.kind, first.input_name) == (violation_kind, name)
-    assert "test_faults.py" in first.stack  # where the faulty call came from
+    assert "test_planted_faults.py" in first.stack  # where the faulty call came from
     under_test.step()  # the engine goes on
 
 

@@ -155,3 +155,39 @@ def test_options_are_in_the_reporting_group(pytester: pytest.Pytester, plugin_ar
     result = pytester.runpytest(*plugin_args, "--help")
     reporting = result.stdout.str().lower().split("reporting:")[1].split("\n\n")[0]
     assert "--graph-debug" in reporting and "--graph-report=path" in reporting
+
+
+STALE_SUITE = """
+import torch
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.forward_context import set_forward_context
+from capture_core.modes import CUDAGraphMode
+from capture_core.runtime import GraphRuntime
+from capture_core.wrapper import CUDAGraphWrapper
+
+
+def test_forgets_to_write():
+    runtime = GraphRuntime("eager", progress=False)
+    wrapper = CUDAGraphWrapper(lambda x: x * 2, runtime, name="double", per_step_inputs=["x"])
+    x = torch.ones(4)
+    descriptor = BatchDescriptor(4)
+    with runtime.capture_phase(), set_forward_context(CUDAGraphMode.FULL, descriptor):
+        wrapper(x)
+    for _ in range(2):  # no copy_ into x before either replay
+        with set_forward_context(CUDAGraphMode.FULL, descriptor):
+            wrapper(x)
+"""
+
+
+def test_graph_debug_reports_each_check_s_error_under_its_violation_kind(
+    pytester: pytest.Pytester, plugin_args
+) -> None:
+    pytester.makepyfile(test_suite=STALE_SUITE)
+    report = pytester.path / "graph.json"
+    options = ("-p", "no:cacheprovider", "--graph-debug", f"--graph-report={report}")
+    result = pytester.runpytest(*plugin_args, *options)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*StaleInputError*"])
+    [violation] = json.loads(report.read_text())["violations"]
+    assert violation["kind"] == "stale_input"
