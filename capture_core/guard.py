@@ -125,7 +125,7 @@ class ReplayChecks:
         if self.state is not None:
             same.append(f"{bind(REGISTRATIONS)}[0] == {bind(self.state.checked_at)}[0]")
         terms = self.per_step.guard_terms() if self.per_step is not None else []
-        versions = [(bind(tensor), bind(cell)) for _, tensor, cell in terms]
+        versions = [(bind(tensor), bind(cell)) for tensor, cell in terms]
         countdown = bind(self.countdown)
         lines = ["def clean(args, kwargs):"]
         if same:

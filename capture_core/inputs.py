@@ -69,10 +69,6 @@ class TensorLayout:
     device: torch.device
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> TensorLayout:
-        return cls.from_key(layout_key(tensor))
-
-    @classmethod
     def from_key(cls, key: LayoutKey) -> TensorLayout:
         address, shape, stride, offset, dtype, device = key
         return cls(address, tuple(shape), stride, offset, dtype, device)
@@ -128,10 +124,6 @@ class TensorInput:
     @property
     def address(self) -> int:
         return self.key[0]
-
-    @property
-    def layout(self) -> TensorLayout:
-        return TensorLayout.from_key(self.key)
 
     def access(self, args: str = "args", kwargs: str = "kwargs") -> str:
         """A Python expression that reads this input from ``args``/``kwargs`` (the guard's term)."""

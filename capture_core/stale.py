@@ -135,9 +135,9 @@ class PerStepInputs:
         for spec, cell in self.versioned:
             cell[0] = spec.tensor._version
 
-    def guard_terms(self) -> list[tuple[str, Any, Any]]:
-        """``(name, tensor, cell)`` per input with a counter, for the replay guard."""
-        return [(spec.name, spec.tensor, cell) for spec, cell in self.versioned]
+    def guard_terms(self) -> list[tuple[torch.Tensor, list[int]]]:
+        """``(tensor, cell)`` per buffer with a counter, for the replay guard."""
+        return [(spec.tensor, cell) for spec, cell in self.versioned]
 
 
 def _stale(spec: TensorInput, why: str) -> Finding:

@@ -93,10 +93,6 @@ class ModuleState:
         self.checked_at = [REGISTRATIONS[0]]
         """The registration count at the last clean check (a one-element list, read in place)."""
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.tensors)
-
     def find_changes(self) -> list[Finding]:
         """Every parameter and buffer not as captured, each re-read from its owner's dict; when the
         registration count moved, the module tree is walked again by name (a replaced submodule

@@ -6,14 +6,19 @@ stays out of the way of a PIECEWISE batch). Otherwise the descriptor picks the g
 call of a descriptor asks the runtime whether it may capture (under the capture lock, checking
 that no other thread captured it meanwhile) and then captures (warm-ups, capture, a
 ``CaptureEvent`` with every tensor input's name and address) or runs the batch eagerly; later
-calls check the inputs, tell the observer, and replay.
+calls are checked, told to the observer, and replayed.
 
 What differs between plain, piecewise and micro-batched graphs is data: a ``GraphSource`` says
 what one capture records and how a batch runs without a graph (the callable itself by default; a
-``UBatchWrapper`` captures its ubatch threads, a ``PiecewiseGraph`` the segments of a pass), and
-an entry that ``runs_pass`` replays by running its pass of segment graphs on the call's inputs.
-The replay path is kept to a dictionary lookup, the input check and one observer call: it is
-benchmarked against a bare ``replay()`` (``bench/gpu_overhead.py``).
+``UBatchWrapper`` captures its ubatch threads, a ``PiecewiseGraph`` the segments of a pass), a
+``GraphRole`` which checks are the wrapper's own, and an entry that ``runs_pass`` replays by running
+its pass of segment graphs on the call's inputs.
+
+Every replay check is written here once (see ``capture_core.checks``): each graph's generated guard
+(``capture_core.guard``) runs on every always-on replay; when it says no, on sampled replays and on
+every debug replay the closer look runs, then the canary where it is on, and in debug mode the
+per-step inputs are left holding a sentinel. The common replay path is a dictionary lookup, the
+guard and one observer call: it is benchmarked against a bare ``replay()`` (``bench/gpu_overhead.py``).
 """
 
 from __future__ import annotations
