@@ -91,14 +91,14 @@ class StaticBuffers:
         """
         if name not in self.tensors:
             raise ValueError(f"no static buffer named {name!r}; buffers: {', '.join(self.tensors)}")
-        static = self.tensors[name]
+        static, views = self.tensors[name], self._views
         self.tensors[name] = torch.empty_like(static)
-        self._views.clear()
+        self._views = {}
         try:
             yield self.tensors[name]
         finally:
-            self.tensors[name] = static
-            self._views.clear()
+            # The very view objects the graphs captured come back: their replay guards stay cheap.
+            self.tensors[name], self._views = static, views
 
     def _check_size(self, num_tokens: int) -> None:
         if not 0 < num_tokens <= self.max_tokens:
