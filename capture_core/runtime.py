@@ -132,8 +132,10 @@ class GraphRuntime:
         # Serialises captures (micro-batch threads may reach a capture together); replays never take it.
         self.capture_lock = threading.RLock()
         log.info(
-            "graph runtime: backend=%s address_check=%s unexpected_capture=%s warmup_iters=%d",
+            "graph runtime: backend=%s address_check=%s unexpected_capture=%s warmup_iters=%d "
+            "sampling=first %d then 1 in %d canary=%s",
             self.backend_name, self.address_check.value, self.unexpected_capture.value, warmup_iters,
+            self.sampling.first, self.sampling.every, "on" if canary else "off",
         )
 
     @property
