@@ -11,17 +11,26 @@ Recorder wrote for its captures. It also records torch.compile's skips and re-re
 Like the Recorder, it runs on its own thread, diffs monotonic counters against what it last
 committed (a failed write loses nothing: the next window covers the gap), and never raises into
 the engine.
+
+It is also the watch's only clock for writes: captures and violations are handed to the Recorder
+here, once per interval, not as they happen. torch.compile's cudagraph trees can capture a graph
+per ``generate()`` (transformers' static cache re-records on every call), and a write woken per
+capture - the graph row, its re-record event, its storm violation - is database work on a thread
+that takes the GIL from a host-bound decode loop several times a second. Nothing the watch does at
+a capture wakes a writer; an interval with nothing new writes nothing.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection
 
+from capture_core.events import CaptureEvent, ViolationEvent
 from inspector.batch import ReplayDelta, TrafficWindow, graph_key
 from inspector.store import Store, open_store
 from inspector.watch.watcher import CompileEvent, WatchedGraph
@@ -41,6 +50,8 @@ class WatchFlusher:
         self.interval = interval
         self.failures = 0
         self._compile_events: list[CompileEvent] = []
+        self._records: deque[CaptureEvent | ViolationEvent] = deque()
+        """Captures and violations for the Recorder, handed over at the next flush, in order."""
         self._lock = threading.Lock()
         self._committed: dict[int, int] = {}
         """id(WatchedGraph) -> replays committed."""
@@ -56,14 +67,21 @@ class WatchFlusher:
         self._thread = threading.Thread(target=self._loop, name="graph-inspector-watch", daemon=True)
         self._thread.start()
 
+    def add_record(self, event: CaptureEvent | ViolationEvent) -> None:
+        """A capture or violation for the Recorder, at the next flush (a deque append: any thread)."""
+        self._records.append(event)
+
     def add_compile_event(self, event: CompileEvent) -> None:
         with self._lock:
             self._compile_events.append(event)
-        self._wake.set()
 
     @property
     def pending_compile_events(self) -> int:
         return len(self._compile_events)
+
+    @property
+    def pending_records(self) -> int:
+        return len(self._records)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -91,15 +109,20 @@ class WatchFlusher:
             self._store.dispose()
 
     def flush_once(self) -> bool:
-        """One transaction: this window's replays per graph, the totals, pending compile events."""
+        """Hand the Recorder its captures and violations; then one transaction: this window's
+        replays per graph, the totals, pending compile events (none when nothing is new)."""
+        handed = self._hand_over()
         run_id = self.recorder.run_id
         if run_id is None:
             return False  # the Recorder has not written its run yet (database unavailable)
-        self.recorder.flush(timeout=5.0)  # the graph rows the windows link to come first
+        if handed:
+            self.recorder.flush(timeout=5.0)  # the graph rows the windows link to come first
         now = time.time()
         counts = {id(graph): (graph, graph.replays) for graph in list(self.graphs)}
         with self._lock:
             events = list(self._compile_events)
+        if not events and all(count <= self._committed.get(key, 0) for key, (_, count) in counts.items()):
+            return True  # nothing new: no transaction
         try:
             if self._store is None:
                 self._store = open_store(self.recorder.url, upgrade=False)
@@ -119,6 +142,18 @@ class WatchFlusher:
         with self._lock:
             del self._compile_events[: len(events)]
         return True
+
+    def _hand_over(self) -> int:
+        """Pass the queued captures and violations to the Recorder, which writes them in one go."""
+        handed = 0
+        while self._records:
+            event = self._records.popleft()
+            if isinstance(event, CaptureEvent):
+                self.recorder.on_capture(event)
+            else:
+                self.recorder.on_violation(event)
+            handed += 1
+        return handed
 
     def _write_replays(
         self, conn: Connection, run_id: int, counts: dict[int, tuple[WatchedGraph, int]], now: float

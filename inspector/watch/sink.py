@@ -4,7 +4,8 @@ Given a database URL, the watch starts a Recorder at the first record, not at in
 Python processes a launcher starts (workers, helpers, the launcher itself) leave no empty runs
 behind: only processes that capture a graph (or hear a torch.compile skip) appear. Given a Recorder,
 it records into that one and leaves it running. Captures and violations go through the Recorder's
-public methods; replays and compile events go through ``WatchFlusher`` (see ``flush.py`` for why).
+public methods, handed over by ``WatchFlusher`` once per interval (never woken by a capture);
+replays and compile events are written by the flusher itself (see ``flush.py`` for why).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def describe_device() -> str:
 class RecorderSink:
     """A GraphObserver over an inspector Recorder that also writes per-graph replays.
 
+    ``flush_interval``: how often the watch writes (seconds; default the Recorder's own, 1 s for
+    the Recorder it starts). Every record waits for the next write, however many arrive meanwhile.
+
     ``counts_replays_itself`` tells the watcher not to call ``on_replay`` per replay: the hook's
     per-graph counter is all this sink needs, which keeps the replay path to one integer bump.
     """
@@ -49,11 +53,13 @@ class RecorderSink:
         *,
         recorder: Any = None,
         label: str = "watch",
-        flush_interval: float = 1.0,
+        flush_interval: float | None = None,
     ) -> None:
         self.url = url
         self.label = label
-        self.flush_interval = flush_interval
+        # The watch writes on the Recorder's clock: a Recorder you started sets the interval.
+        default = recorder.flush_interval if recorder is not None else 1.0
+        self.flush_interval = default if flush_interval is None else flush_interval
         self.recorder: Any = recorder
         self.owns_recorder = recorder is None
         self.flusher: WatchFlusher | None = None
@@ -93,8 +99,7 @@ class RecorderSink:
     # -- GraphObserver -------------------------------------------------------------------------
 
     def on_capture(self, event: CaptureEvent) -> None:
-        self._started()
-        self.recorder.on_capture(event)
+        self._started().add_record(event)
 
     def on_replay(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int) -> None:
         """Not called by the watch's hooks (see ``counts_replays_itself``); forwarded for others."""
@@ -106,8 +111,7 @@ class RecorderSink:
         self.recorder.on_eager(reason, num_tokens, mode)
 
     def on_violation(self, event: ViolationEvent) -> None:
-        self._started()
-        self.recorder.on_violation(event)
+        self._started().add_record(event)
 
     def on_compile_event(self, event: CompileEvent) -> None:
         self._started().add_compile_event(event)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from sqlalchemy import func, select
 from test_watch_standin import eager_cuda_graphs
+from workers import fetch_rows
 
 from inspector import watch
 from inspector.models import CompileRecord, Graph, ReplayTotal, ReplayWindow, Run, Violation
@@ -90,6 +92,33 @@ def test_a_process_that_never_captures_leaves_no_run(tmp_path: Path) -> None:
         MODEL(torch.zeros(2, 4))
         watch.uninstall()
     assert not (tmp_path / "watch.db").exists()
+
+
+def test_records_wait_for_the_next_write_however_many_captures_arrive(db: str) -> None:
+    """transformers' static cache makes torch.compile re-record on every generate(): a write woken
+    per capture (its graph row, its storm, its re-record) would be database work taking the GIL
+    from the decode loop several times a second. The watch hands everything over once per interval
+    (here the Recorder's 60 s), so nothing is written before it, or before uninstall."""
+    from inspector.recorder import Recorder
+
+    recorder = Recorder(db, label="one write per interval", flush_interval=60).start()
+    watch.install(recorder, storm_threshold=1)
+    for _ in range(4):
+        capture(torch.zeros(8, 4)).replay()  # the same site again once in use: a storm each time
+    logging.getLogger(SKIP_LOGGER).warning("skipping cudagraphs due to mutated inputs (1 instances)")
+    time.sleep(0.5)  # a woken writer would have written by now
+
+    def counts() -> tuple[int, ...]:
+        tables = (Graph, Violation, CompileRecord, ReplayWindow)
+        run = recorder.run_id
+        return tuple(fetch_rows(db, select(func.count()).where(t.run_id == run))[0][0] for t in tables)
+
+    assert counts() == (0, 0, 0, 0)
+    watch.uninstall()
+    assert counts() == (4, 2, 1, 4)  # the storm finding (seen 3 times), the skip; a row per graph
+    spans = fetch_rows(db, select(ReplayWindow.window_start, ReplayWindow.window_end).distinct())
+    assert len(spans) == 1  # in one window
+    recorder.close()
 
 
 def capture_elsewhere(x: torch.Tensor) -> torch.cuda.CUDAGraph:
