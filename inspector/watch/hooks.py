@@ -197,7 +197,7 @@ class Hooks:
             else:
                 pending = self.watcher.capture_started(frames, pool)
             del frames  # frames reference every local of the engine's stack: do not keep them
-            if module_hook and not pending.inputs:
+            if module_hook and not pending.inputs and not pending.inputless:
                 pending.module_hook = self._watch_first_module_call(pending)
             graph.__dict__[PENDING_ATTR] = pending
         except Exception:

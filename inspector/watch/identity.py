@@ -27,6 +27,8 @@ WRAPPER_LIMIT = 200
 """``graphs.wrapper`` is a String(200)."""
 MAX_INPUTS = 256
 """Inputs remembered per graph (names and addresses); torch.compile passes every parameter."""
+COMPILED_VIA = "torch.compile"
+"""``CallSite.via`` of a compiled function's graphs (their site is where the function is defined)."""
 SHAPES_SHOWN = 6
 """Shapes spelled out in a key; the digest covers all of them."""
 
@@ -175,6 +177,8 @@ class GraphIdentity:
         tail = f" #{digest(f'{self.site.stable}|{self.shapes}|{self.label}')}"
         if self.batch is not None:
             head = f"{self.site.function} {self.batch.text}"
+        elif self.site.via == COMPILED_VIA:
+            head = self.site.function  # a compiled function's graph that shows no batch
         else:
             head = f"{self.site.short} {self.shapes_text}"
         if self.label:
@@ -215,7 +219,7 @@ class CapturedInputs:
             if len(names) >= MAX_INPUTS:
                 break
             names.append(name)
-            shapes.append(tuple(int(d) for d in tensor.shape))
+            shapes.append(tuple(tensor.shape))  # torch.Size: a tuple of ints already
             addresses.append(_address(tensor))
         return cls(tuple(names), tuple(shapes), tuple(addresses))
 
@@ -327,20 +331,37 @@ def _tensor_locals(frame: types.FrameType) -> Iterator[tuple[str, torch.Tensor]]
             yield from named_tensors(name, value)
 
 
+_PLUMBING, _GRAPHS, _TORCH = 1, 2, 4
+_file_kinds: dict[str, int] = {}
+"""Absolute filename -> what it is: every capture walks the whole stack, whose files repeat."""
+
+
+def _file_kind(filename: str) -> int:
+    kind = _file_kinds.get(filename)
+    if kind is None:
+        path = os.path.abspath(filename)
+        generated = filename.startswith("<eval_with_key>") or _in_inductor_cache(filename)
+        kind = (
+            (_PLUMBING if path.startswith(_WATCH_DIR) or path == _CONTEXTLIB else 0)
+            | (_GRAPHS if path == _GRAPHS_PY else 0)
+            | (_TORCH if generated or path.startswith(_TORCH_DIR) else 0)
+        )
+        if os.path.isabs(filename):  # a relative name means another file after a chdir
+            _file_kinds[filename] = kind
+    return kind
+
+
 def _is_plumbing(frame: types.FrameType) -> bool:
-    filename = os.path.abspath(frame.f_code.co_filename)
-    if filename.startswith(_WATCH_DIR) or filename == _CONTEXTLIB:
-        return True
-    return filename == _GRAPHS_PY and frame.f_code.co_name in ("__enter__", "__exit__")
+    kind = _file_kind(frame.f_code.co_filename)
+    if kind & _GRAPHS:
+        return frame.f_code.co_name in ("__enter__", "__exit__")
+    return bool(kind & _PLUMBING)
 
 
 def in_torch(frame: types.FrameType) -> bool:
     """torch's own code, and the code torch generates: FX graph modules (``<eval_with_key>.N``) and
     Inductor's compiled modules, written as .py files under its cache directory."""
-    filename = frame.f_code.co_filename
-    if filename.startswith("<eval_with_key>") or _in_inductor_cache(filename):
-        return True
-    return os.path.abspath(filename).startswith(_TORCH_DIR)
+    return bool(_file_kind(frame.f_code.co_filename) & _TORCH)
 
 
 def _in_inductor_cache(filename: str) -> bool:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inspector.watch.identity import (
+    COMPILED_VIA,
     BatchShape,
     CallSite,
     CapturedInputs,
@@ -73,7 +74,8 @@ class TreeCapture:
     shape: BatchShape | None = None
     rerecord: Rerecord | None = None
     keeps_pool_alive: bool = False
-    """The empty graph each tree manager captures at start to keep its memory pool alive."""
+    """The empty graph each tree manager captures at start to keep its memory pool alive, told
+    under the compiled function whose first run made the manager."""
 
 
 def tree_capture(
@@ -83,10 +85,12 @@ def tree_capture(
     manager = _manager_frame(frames)
     if manager is None:
         return None
-    if manager.f_code.co_name == "__init__":
-        return TreeCapture(function="", site=None, keeps_pool_alive=True)
-    local = manager.f_locals
     compiled, name, site = compiled_function(frames[frames.index(manager) :])
+    if manager.f_code.co_name == "__init__":
+        # The manager is made when the first compiled function with CUDA graphs runs on a device:
+        # its pool's keep-alive graph is told under that function (no inputs: it is empty).
+        return TreeCapture(function=name, site=site, keeps_pool_alive=True)
+    local = manager.f_locals
     user = list(tensor_arguments(compiled)) if compiled is not None else []
     inputs = CapturedInputs.from_named(user)
     shape = BatchShape.of(user, graph_inputs)
@@ -143,7 +147,7 @@ def compiled_function(
         defined = original
     if resume is not None:
         name = f"{name if module is not None else resume['function']} after line {resume['line']}"
-    site = CallSite(defined.co_filename, defined.co_firstlineno, name, via="torch.compile")
+    site = CallSite(defined.co_filename, defined.co_firstlineno, name, via=COMPILED_VIA)
     return frame, name, site
 
 

@@ -115,6 +115,8 @@ class PendingCapture:
     started: float
     started_at: float
     thread: int = field(default_factory=threading.get_ident)
+    inputless: bool = False
+    """An empty graph by design (the trees' pool keep-alive): no inputs to look for."""
     module_inputs: CapturedInputs = field(default_factory=CapturedInputs)
     local_inputs: CapturedInputs = field(default_factory=CapturedInputs)
     module_hook: object = None
@@ -127,6 +129,8 @@ class PendingCapture:
 class _SiteHistory:
     graphs: list[WatchedGraph] = field(default_factory=list)
     late_captures: deque[float] = field(default_factory=deque)
+    in_use: bool = False
+    """Some graph of the site was replayed (once true, for good: no scan of its graphs again)."""
 
 
 class Watcher:
@@ -200,15 +204,17 @@ class Watcher:
         tree = None
         if inputs is None:
             named = find_inputs(frames)
-            inputs = CapturedInputs.from_named(named)
             tree = self._read_trees(frames, [tensor for _, tensor in named])
+            inputs = CapturedInputs.from_named(() if tree and tree.keeps_pool_alive else named)
+        inputless = tree is not None and tree.keeps_pool_alive
         if tree is not None:
             site = site or tree.site
-            label = label or ("pool keep-alive" if tree.keeps_pool_alive else "")
+            label = label or ("pool keep-alive" if inputless else "")
         return PendingCapture(
             site=site or find_call_site(frames),
             inputs=inputs,
-            local_inputs=CapturedInputs() if inputs else find_local_inputs(frames),
+            inputless=inputless,
+            local_inputs=CapturedInputs() if inputs or inputless else find_local_inputs(frames),
             label=label,
             stack=format_stack(frames) if unexpected_reason else "",
             pool_arg=pool_arg,
@@ -244,13 +250,13 @@ class Watcher:
             # The same code and shapes captured again gets the next ordinal: vLLM's piecewise
             # wrapper captures every layer slice from one line with one shape, and torch's own
             # captures repeat in a fixed order, so ordinals keep identities apart and stable.
-            base = GraphIdentity(pending.site, inputs.shapes, pending.label)
-            repeat = self._identity_counts.get(base.key, 0)
-            self._identity_counts[base.key] = repeat + 1
+            base = GraphIdentity(pending.site, inputs.shapes, pending.label).key
+            repeat = self._identity_counts.get(base, 0)
+            self._identity_counts[base] = repeat + 1
             label = f"{pending.label} capture {repeat + 1}".strip() if repeat else pending.label
             identity = GraphIdentity(pending.site, inputs.shapes, label, tree.shape if tree else None)
             history = self._sites.setdefault(identity.site.key, _SiteHistory())
-            in_use = any(graph.replays for graph in history.graphs)
+            in_use = history.in_use = history.in_use or any(graph.replays for graph in history.graphs)
             graph = WatchedGraph(
                 identity=identity,
                 descriptor=identity.descriptor(),
@@ -265,7 +271,8 @@ class Watcher:
             )
             history.graphs.append(graph)
             self.graphs.append(graph)
-            self._replays_at_last_capture = self.replay_total()
+            if self.ready_after is not None:  # a sum over every graph: only when it is used
+                self._replays_at_last_capture = self.replay_total()
             storm = self._late_capture_count(history, pending.started_at) if in_use else 0
 
         self._send_capture(graph, pending)

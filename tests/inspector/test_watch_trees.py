@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 from collections.abc import Callable
 
@@ -13,8 +14,10 @@ import pytest
 import torch
 from torch._inductor.cudagraph_utils import CheckInvariantStatus, PlaceholderInfo, log_data_ptr_mismatch
 
+from capture_core.events import NullObserver
 from inspector.watch.identity import BatchShape, CallSite, GraphIdentity, capture_frames, tensor_arguments
-from inspector.watch.trees import compiled_function, moved_inputs, rerecord_of
+from inspector.watch.trees import TreeCapture, compiled_function, moved_inputs, rerecord_of, tree_capture
+from inspector.watch.watcher import WatchedGraph, Watcher
 
 
 def placeholder(name: str) -> PlaceholderInfo:
@@ -177,6 +180,54 @@ def test_the_compiled_function_is_named_as_the_user_wrote_it(
     assert (site.filename, site.lineno) == (__file__, defined_by.__code__.co_firstlineno)
     assert (site.function, site.via) == (name, "torch.compile")
     assert (2, 1) in shapes
+
+
+TREES_MANAGER = """
+class CUDAGraphTreeManager:
+    def __init__(self, device_index, report):
+        report(sys._getframe())  # where the real one captures its pool's empty keep-alive graph
+"""
+
+
+def trees_manager_class() -> type:
+    """A class named and filed as torch's cudagraph trees' manager (the real one needs a GPU)."""
+    filename = os.path.join(os.path.dirname(torch.__file__), "_inductor", "cudagraph_trees.py")
+    namespace: dict[str, object] = {"sys": sys}
+    exec(compile(TREES_MANAGER, filename, "exec"), namespace)
+    return namespace["CUDAGraphTreeManager"]  # type: ignore[return-value]
+
+
+@pytest.mark.slow
+def test_the_pool_keep_alive_is_told_under_the_compiled_function_whose_first_run_made_the_trees() -> None:
+    """Not under the decorator's wrapper that happens to be the first frame outside torch
+    (transformers' ``wrapped_func``), and with no inputs: the graph is empty."""
+    manager_class = trees_manager_class()
+    watcher = Watcher(NullObserver())
+    seen: list[tuple[TreeCapture | None, WatchedGraph]] = []
+
+    def report(frame: object) -> None:
+        frames = capture_frames(frame)  # type: ignore[arg-type]
+        pending = watcher.capture_started(frames, None)
+        seen.append((tree_capture(frames), watcher.capture_finished(pending, None)))
+
+    @torch._dynamo.disable
+    def make_manager() -> None:
+        manager_class(0, report)
+
+    PROBE["probe"] = make_manager
+    torch._dynamo.reset()
+    try:
+        torch.compile(DecoratedDecoder().__call__, backend="eager")(torch.ones(2, 1, dtype=torch.long))
+    finally:
+        torch._dynamo.reset()
+        PROBE.clear()
+    tree, graph = seen[-1]
+    assert tree is not None and tree.keeps_pool_alive and tree.function == "DecoratedDecoder.forward"
+    defined = inspect.unwrap(DecoratedDecoder.forward).__code__.co_firstlineno
+    assert tree.site == CallSite(__file__, defined, "DecoratedDecoder.forward", via="torch.compile")
+    assert graph.function == "DecoratedDecoder.forward" and not graph.inputs
+    assert graph.identity.key.startswith("DecoratedDecoder.forward pool keep-alive #")
+    assert graph.identity.site.text.endswith("in DecoratedDecoder.forward via torch.compile")
 
 
 def test_frames_without_dynamo_name_no_function() -> None:
