@@ -55,8 +55,9 @@ class WatchFlusher:
         self._lock = threading.Lock()
         self._committed: dict[int, int] = {}
         """id(WatchedGraph) -> replays committed."""
-        self._totals = KnownTotals()
-        """The running totals this flusher made in the run."""
+        self._totals: KnownTotals | None = None
+        """The running totals the run has, read at the first write: a watch installed again on a
+        Recorder you own writes into the run an earlier installation wrote into."""
         self._window_start = time.time()
         self._store: Store | None = None
         self._wake = threading.Event()
@@ -127,7 +128,8 @@ class WatchFlusher:
             if self._store is None:
                 self._store = open_store(self.recorder.url, upgrade=False)
             with self._store.writer() as conn:
-                new_totals = self._write_replays(conn, run_id, counts, now)
+                known = self._totals if self._totals is not None else KnownTotals.of_run(conn, run_id)
+                new_totals = self._write_replays(conn, run_id, counts, now, known)
                 for event in events:
                     record_compile_event(conn, run_id, event)
         except Exception as error:  # kept for the next window; the engine goes on
@@ -137,7 +139,8 @@ class WatchFlusher:
             return False
         self.failures = 0
         self._committed.update({key: count for key, (_, count) in counts.items()})
-        self._totals.update(new_totals)
+        known.update(new_totals)
+        self._totals = known
         self._window_start = now
         with self._lock:
             del self._compile_events[: len(events)]
@@ -156,7 +159,12 @@ class WatchFlusher:
         return handed
 
     def _write_replays(
-        self, conn: Connection, run_id: int, counts: dict[int, tuple[WatchedGraph, int]], now: float
+        self,
+        conn: Connection,
+        run_id: int,
+        counts: dict[int, tuple[WatchedGraph, int]],
+        now: float,
+        known: KnownTotals,
     ) -> KnownTotals:
         """This window's replays per graph key (graphs of one key add up), linked to their graph rows."""
         window = TrafficWindow(self._window_start, now)
@@ -174,4 +182,4 @@ class WatchFlusher:
         if not window.replays:
             return KnownTotals()
         ids = graph_ids(conn, run_id, window.replays)
-        return append_traffic(conn, run_id, [window], ids, self._totals, now)
+        return append_traffic(conn, run_id, [window], ids, known, now)

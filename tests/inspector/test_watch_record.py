@@ -154,6 +154,25 @@ def test_same_sized_graphs_of_two_call_sites_keep_their_own_replays_in_a_recorde
     store.dispose()
 
 
+def test_a_watch_installed_again_on_a_recorder_you_own_adds_to_the_same_totals(db: str) -> None:
+    """Each installation writes through its own flusher into the one run: the second must bump the
+    running totals the first made, not insert them again (which the database refuses)."""
+    from inspector.recorder import Recorder
+
+    recorder = Recorder(db, label="installed twice", flush_interval=60).start()
+    for replays in (2, 3):
+        watch.install(recorder)
+        graph = capture(torch.zeros(8, 4))
+        for _ in range(replays):
+            graph.replay()
+        watch.uninstall()
+    recorder.close()
+    (total,) = fetch_rows(db, select(ReplayTotal.replays, ReplayTotal.descriptor_key))
+    windows = fetch_rows(db, select(ReplayWindow.replays).order_by(ReplayWindow.id))
+    assert total[0] == 5 and windows == [(2,), (3,)]
+    assert fetch_rows(db, select(func.count()).where(Graph.descriptor_key == total[1])) == [(2,)]
+
+
 def test_the_graphs_page_groups_a_watched_runs_graphs_by_the_function_that_captured_them(db: str) -> None:
     from dashboard.app import create_app
 
