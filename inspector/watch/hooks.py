@@ -27,6 +27,7 @@ import functools
 import inspect
 import sys
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable
@@ -183,6 +184,7 @@ class Hooks:
 
     def _start(self, graph: Any, pool: PoolId | None, *, module_hook: bool) -> None:
         """Note the capture that is starting; never raises (a failure only loses this graph's record)."""
+        began = time.perf_counter()
         try:
             frames = capture_frames(sys._getframe(1))
             while frames and frames[0].f_locals.get("self") is graph:
@@ -202,9 +204,12 @@ class Hooks:
             graph.__dict__[PENDING_ATTR] = pending
         except Exception:
             self.watcher.contained_error("noting a capture")
+        finally:
+            self.watcher.hook_seconds += time.perf_counter() - began
 
     def _finish(self, graph: Any) -> None:
         """Record the capture that ended; never raises."""
+        began = time.perf_counter()
         try:
             pending = self._abandon(graph)
             if pending is not None:
@@ -212,6 +217,8 @@ class Hooks:
                 self._watched_graphs.add(graph)
         except Exception:
             self.watcher.contained_error("recording a capture")
+        finally:
+            self.watcher.hook_seconds += time.perf_counter() - began
 
     def _abandon(self, graph: Any) -> PendingCapture | None:
         """Forget a capture in progress (it ended or failed) and remove its module pre-hook."""

@@ -159,6 +159,9 @@ class Watcher:
         self.sink_errors = 0
         self.watch_errors = 0
         """Failures inside the watch's own hooks, caught before they reached the program."""
+        self.hook_seconds = 0.0
+        """What the watch's capture hooks took on the program's threads, in all (its replay
+        counter is not timed: timing it would cost more than it does)."""
         self.compile_events: list[CompileEvent] = []
         self._lock = threading.Lock()
         self._sites: dict[str, _SiteHistory] = {}

@@ -588,3 +588,25 @@ def test_pool_bytes_sum_the_pools_segments_on_a_torch_without_per_pool_snapshots
     assert pools.allocator_pool_bytes((0, 7)) == 22 << 20
     assert pools.allocator_pool_bytes((0, 9)) == 0
     assert len(calls) == 2 and len(pools._SNAPSHOT_FORMS) == 1  # the working form is remembered
+
+
+def test_the_watch_times_its_own_capture_hooks_not_the_capture(collector: Collector) -> None:
+    """``hook_seconds`` is what the watch added to the program's captures: a slow pool meter (the
+    watch's own work) shows in it, the captured code's time does not."""
+    import time
+
+    def slow_meter(pool: object) -> int:
+        time.sleep(0.05)
+        return 0
+
+    watcher = Watcher(collector, pool_meter=slow_meter)
+    hooks = Hooks(watcher)
+    hooks.install()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin()
+        time.sleep(0.3)  # the engine's captured work
+        graph.capture_end()
+    finally:
+        hooks.uninstall()
+    assert 0.05 <= watcher.hook_seconds < 0.3  # the meter ran once, after the capture, into its new pool
