@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ def test_gpu_watch_on_a_cpu_host_records_why_nothing_was_measured(tmp_path: Path
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run is the benchmark itself")
-def test_gpu_transformers_on_a_cpu_runs_bare_and_watched_processes_and_says_what_it_skipped(
+def test_gpu_transformers_on_a_cpu_runs_pairs_and_alternating_processes_and_says_what_it_skipped(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("transformers")
@@ -46,12 +47,23 @@ def test_gpu_transformers_on_a_cpu_runs_bare_and_watched_processes_and_says_what
     assert [(c["mode"], c["batch"], c["tokens_identical"]) for c in results["cells"]] == [
         ("eager", 1, True), ("eager", 2, True)
     ]
-    assert sorted(p["variant"] for p in results["processes"]) == ["bare", "watched"]
+    assert sorted(p["variant"] for p in results["processes"]) == ["bare", "paired", "watched"]
     assert all(c["bare"]["processes"] == c["watched"]["processes"] == 1 for c in results["cells"])
+    assert set(results["cpus"]) <= set(os.sched_getaffinity(0))
+    assert all(p["cpus"] == results["cpus"] for p in results["processes"] if "cpus" in p)  # pinned alike
+    paired = results["paired"]["eager"]
+    assert paired["measured"] and paired["tokens_identical"] and set(paired["batches"]) == {"1", "2"}
+    cpu = paired["cpu"]
+    assert cpu["pairs"] == 3 and cpu["low"] <= cpu["ratio"] <= cpu["high"]
+    arms = paired["watched_arms"]
+    assert (arms["arms"], arms["captures"], arms["watch_errors"]) == (6, 0, 0)  # a CPU captures no graph
+    assert paired["accounted"]["total"] == 0.0 and results["watch_threads_cpu_share"]["eager"] == 0.0
+    assert results["judged"]["eager"] == 1.0  # no graph: the watch ran nothing in the program
     (note,) = payload["notes"]
     assert note.startswith("compiled mode needs a CUDA device")
-    met = {t["name"].split(",")[0]: t["met"] for t in payload["targets"]}
-    assert met["batch sizes whose tokens differ between processes"] is True
-    assert met["eager: watched/bare"] is None  # a CPU's figure neither meets nor misses a GPU target
-    assert "watched/bare" in result.stdout
+    met = {t["name"].split(" ")[1]: t["met"] for t in payload["targets"] if t["name"].startswith("eager:")}
+    assert met == {"accounted": None, "paired": None}  # a CPU's figure neither meets nor misses a GPU target
+    (tokens,) = [t for t in payload["targets"] if t["name"].startswith("batch sizes whose tokens differ")]
+    assert tokens["met"] is True
+    assert "Phase 1, in-process pairs" in result.stdout and "Phase 2, alternating processes" in result.stdout
     assert json.loads(result.stdout.strip().splitlines()[-1])["out"] == str(out)
