@@ -9,6 +9,7 @@ identity, run after run, which is what makes "captured again" and "never replaye
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import linecache
 import os
@@ -174,7 +175,7 @@ class GraphIdentity:
     @property
     def key(self) -> str:
         """Stable, unique and at most 128 characters: readable head, digest of everything."""
-        tail = f" #{digest(f'{self.site.stable}|{self.shapes}|{self.label}')}"
+        tail = f" #{_identity_digest(self.site.stable, self.shapes, self.label)}"
         if self.batch is not None:
             head = f"{self.site.function} {self.batch.text}"
         elif self.site.via == COMPILED_VIA:
@@ -333,22 +334,28 @@ def _tensor_locals(frame: types.FrameType) -> Iterator[tuple[str, torch.Tensor]]
 
 _PLUMBING, _GRAPHS, _TORCH = 1, 2, 4
 _file_kinds: dict[str, int] = {}
-"""Absolute filename -> what it is: every capture walks the whole stack, whose files repeat."""
+"""Filename -> what it is: every capture walks the whole stack, whose files repeat. Relative names
+are not kept (after a chdir the same name is another file)."""
 
 
 def _file_kind(filename: str) -> int:
     kind = _file_kinds.get(filename)
     if kind is None:
-        path = os.path.abspath(filename)
-        generated = filename.startswith("<eval_with_key>") or _in_inductor_cache(filename)
-        kind = (
-            (_PLUMBING if path.startswith(_WATCH_DIR) or path == _CONTEXTLIB else 0)
-            | (_GRAPHS if path == _GRAPHS_PY else 0)
-            | (_TORCH if generated or path.startswith(_TORCH_DIR) else 0)
-        )
-        if os.path.isabs(filename):  # a relative name means another file after a chdir
+        kind = _classify(filename)
+        if filename.startswith("<") or os.path.isabs(filename):
             _file_kinds[filename] = kind
     return kind
+
+
+def _classify(filename: str) -> int:
+    if filename.startswith("<"):  # not a file: "<eval_with_key>.3" (FX), "<string>", "<frozen ...>"
+        return _TORCH if filename.startswith("<eval_with_key>") else 0
+    path = os.path.abspath(filename)
+    return (
+        (_PLUMBING if path.startswith(_WATCH_DIR) or path == _CONTEXTLIB else 0)
+        | (_GRAPHS if path == _GRAPHS_PY else 0)
+        | (_TORCH if _in_inductor_cache(filename) or path.startswith(_TORCH_DIR) else 0)
+    )
 
 
 def _is_plumbing(frame: types.FrameType) -> bool:
@@ -404,6 +411,13 @@ def _address(tensor: torch.Tensor) -> int:
 def digest(text: str) -> str:
     """A short stable digest: keys stay unique when their readable part is clipped."""
     return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+@functools.lru_cache(maxsize=1024)
+def _identity_digest(site: str, shapes: tuple[tuple[int, ...], ...], label: str) -> str:
+    """Remembered: torch.compile re-records a function with the same inputs on every call of some
+    programs (transformers' static cache), and spelling out a hundred shapes each time adds up."""
+    return digest(f"{site}|{shapes}|{label}")
 
 
 def _clip(text: str, limit: int) -> str:
