@@ -17,6 +17,7 @@ import sys
 import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -77,24 +78,43 @@ class CallSite:
 
     @property
     def short(self) -> str:
-        return f"{os.path.basename(self.filename)}:{self.lineno}"
+        return _site_names(self).short
 
     @property
     def text(self) -> str:
-        text = f"{_display_path(self.filename)}:{self.lineno} in {self.function}"
-        if self.via:
-            text += f" via {self.via}"
-        return _clip(text, WRAPPER_LIMIT)
+        """The site as the ``wrapper`` column shows it: the path (relative where it can be), line,
+        function and what torch machinery was in between."""
+        return _site_names(self).text
 
     @property
     def stable(self) -> str:
         """The parts of the site that survive a reinstall or another checkout path."""
-        return f"{os.path.basename(self.filename)}:{self.lineno}:{self.function}:{self.via}"
+        return _site_names(self).stable
 
     @property
     def key(self) -> str:
         """A short key for the call site alone (re-recording storms are counted per site)."""
-        return f"{self.short} site #{digest(self.stable)}"
+        return _site_names(self).key
+
+
+class _SiteNames(NamedTuple):
+    short: str
+    text: str
+    stable: str
+    key: str
+
+
+@functools.lru_cache(maxsize=4096)
+def _site_names(site: CallSite) -> _SiteNames:
+    """A site's names, spelled out once per site: a function torch.compile re-records on every call
+    captures from one site again and again (and each capture and storm reads several of them)."""
+    base = os.path.basename(site.filename)
+    text = f"{_display_path(site.filename)}:{site.lineno} in {site.function}"
+    if site.via:
+        text += f" via {site.via}"
+    stable = f"{base}:{site.lineno}:{site.function}:{site.via}"
+    short = f"{base}:{site.lineno}"
+    return _SiteNames(short, _clip(text, WRAPPER_LIMIT), stable, f"{short} site #{digest(stable)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,6 +150,7 @@ class Watcher:
         if storm_threshold < 1:
             raise ValueError(f"storm_threshold must be >= 1, got {storm_threshold}")
         self.observer = observer
+        self._takes_compile_events = isinstance(observer, CompileEventSink)  # a slow check: once
         self.ready_after = ready_after
         self.storm_threshold = storm_threshold
         self.storm_window_s = storm_window_s
@@ -396,8 +397,8 @@ class Watcher:
         one call site, show up as a re-recording storm.
         """
         self.compile_events.append(event)
-        if isinstance(self.observer, CompileEventSink):
-            self._deliver(self.observer.on_compile_event, event)
+        if self._takes_compile_events:
+            self._deliver(self.observer.on_compile_event, event)  # type: ignore[attr-defined]
         if event.kind is CompileEventKind.SKIP:
             where = f"torch.compile {event.function}".strip()
             identity = _clip_key(f"torch.compile skip: {event.reason}", digest_of=event.reason)
