@@ -600,7 +600,12 @@ def summarise(
     ok = [p for p in processes if "failed" not in p]
     alternating = [p for p in ok if p["variant"] in VARIANTS]
     paired = {p["mode"]: p for p in ok if p["variant"] == PAIRED}
-    rows = [process_cell(alternating, mode, batch) for mode in modes for batch in batches]
+    rows = [
+        process_cell(alternating, mode, batch, [p["batches"][str(batch)]["tokens"] for p in paired.values()
+                                                if p["mode"] == mode])
+        for mode in modes
+        for batch in batches
+    ]
     threads = {mode: threads_share(alternating, mode) for mode in modes}
     pairs = {mode: paired_summary(paired.get(mode), batches, threads[mode]) for mode in modes}
     return {
@@ -618,16 +623,19 @@ def summarise(
     }
 
 
-def process_cell(processes: list[dict[str, Any]], mode: str, batch: int) -> dict[str, Any]:
-    """Phase 2 at one mode and batch: per variant the median, min and max over processes."""
+def process_cell(
+    processes: list[dict[str, Any]], mode: str, batch: int, paired_tokens: Sequence[str]
+) -> dict[str, Any]:
+    """Phase 2 at one mode and batch: per variant the median, min and max over processes; the
+    tokens of every process, phase 1's included, must be the same."""
     mine = [p for p in processes if p["mode"] == mode]
     runs = {
         variant: [p["batches"][str(batch)] for p in mine if p["variant"] == variant] for variant in VARIANTS
     }
     cell: dict[str, Any] = {"mode": mode, "batch": batch}
-    cell["tokens_identical"] = len({r["tokens"] for rs in runs.values() for r in rs}) <= 1 and all(
-        r["tokens_stable"] for rs in runs.values() for r in rs
-    )
+    digests = {r["tokens"] for rs in runs.values() for r in rs} | set(paired_tokens)
+    stable = all(r["tokens_stable"] for rs in runs.values() for r in rs)
+    cell["tokens_identical"] = len(digests) <= 1 and stable
     for variant, found in runs.items():
         values = [r["ms_per_token"] for r in found]
         cpu = [r["cpu_ms_per_token"] for r in found]

@@ -67,3 +67,30 @@ def test_gpu_transformers_on_a_cpu_runs_pairs_and_alternating_processes_and_says
     assert tokens["met"] is True
     assert "Phase 1, in-process pairs" in result.stdout and "Phase 2, alternating processes" in result.stdout
     assert json.loads(result.stdout.strip().splitlines()[-1])["out"] == str(out)
+
+
+def test_gpu_transformers_counts_a_batch_whose_tokens_differ_in_any_process_pairs_included() -> None:
+    from bench.gpu_transformers import make_targets, summarise
+
+    def run(variant: str, tokens: str, **extra: object) -> dict:
+        timing = {"ms_per_token": 1.0, "cpu_ms_per_token": 1.0, "first_s": 1.0, "tokens_stable": True}
+        cells = {"1": timing | {"tokens": tokens}}
+        return {"mode": "eager", "variant": variant, "round": 0, "batches": cells, **extra}
+
+    def paired(tokens: str) -> dict:
+        arms = {"arms": 2, "captures": 0, "replays": 0, "hook_seconds": 0.0, "cpu_s": 2.0,
+                "watch_errors": 0, "sink_errors": 0}
+        times = {"wall_s": [1.0, 1.0], "cpu_s": [1.0, 1.0]}
+        cell = {"bare": times, "watched": times, "tokens_identical": True, "tokens": tokens}
+        return {"mode": "eager", "variant": "paired", "round": -1, "pairs": 2, "batches": {"1": cell},
+                "watched_arms": arms, "replay_hook_us": None}
+
+    def differing(processes: list[dict]) -> int:
+        (check,) = [t for t in make_targets(summarise(processes, ["eager"], [1]), ["eager"], applies=True)
+                    if t["name"].startswith("batch sizes whose tokens differ")]
+        return check["value"]
+
+    watched = {"watch": {"threads_cpu_per_s": 0.0, "graph_pool_bytes": {}}}
+    assert differing([run("bare", "a"), run("watched", "a", **watched), paired("a")]) == 0
+    assert differing([run("bare", "a"), run("watched", "a", **watched), paired("b")]) == 1
+    assert differing([run("bare", "a"), run("watched", "b", **watched), paired("a")]) == 1
