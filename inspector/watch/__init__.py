@@ -24,7 +24,12 @@ no replays (``watch_summary`` lists them).
 Limits: Python started with ``-I``, ``-S`` or ``-E`` skips the start-up hook, so the command cannot
 watch it (call ``install()`` in the program instead); a process forked after the first capture
 does not inherit a working recorder; torch.compile's cudagraph trees capture one empty graph per
-device to keep their pool alive, which is recorded (labelled "pool keep-alive", never replayed).
+device to keep their pool alive, which is recorded under the compiled function whose first run made
+the trees (labelled "pool keep-alive", never replayed).
+
+What it costs the program: nothing where no graph is captured (no code of the watch runs per step);
+a counter bump per replay; the capture work at each capture (``Watcher.hook_seconds`` totals it);
+and writes once per interval on its own thread, never woken by a capture.
 
 The names are loaded on first use: the start-up hook imports ``inspector.watch.launch`` in every
 process of a watched command, and a process that never imports torch must not import it here.
