@@ -35,6 +35,8 @@ class ViolationKind(str, enum.Enum):
     """One call site capturing again and again once its graphs are in use (graph-inspector watch)."""
     COMPILE_SKIP = "compile_skip"
     """torch.compile gave up on CUDA graphs for a function, with its reason (graph-inspector watch)."""
+    RANK_DIVERGENCE = "rank_divergence"
+    """Ranks of one job captured, or replayed at one step, different graphs (inspector.ranks)."""
 
 
 @dataclass(frozen=True)

@@ -171,18 +171,35 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 def _add_report(commands: argparse._SubParsersAction) -> None:
     parser = _command(
         commands, "report", "inspector.commands.report:run",
-        help="report recorded runs and violations (exit 0 clean, 1 violations, 2 errors)",
+        help="report recorded runs, violations and regressions (exit 0 clean, 1 findings, 2 errors)",
         description=(
             "Read the inspector's database and report every run and every violation (address drift, "
-            "unexpected capture). Exits 0 when clean, 1 when violations were found, 2 on usage or "
-            "database errors, so a CI step fails on violations."
+            "unexpected capture, rank divergence...). With --baseline, also compare a run's graph cache "
+            "with a baseline (captured graphs, graph count, pool memory, capture time, padding waste, hit "
+            "ratio, eager fallbacks, graphs never replayed). Exits 0 when clean, 1 on violations or "
+            "regressions, 2 on usage or database errors, so a CI step fails on either."
         ),
+        epilog="examples: graph-inspector report --save-baseline ci/graph-baseline.json; graph-inspector "
+               "report --baseline ci/graph-baseline.json --format junit --output graph-report.xml",
     )
     parser.add_argument("--db", metavar="URL", help=DB_HELP)
-    parser.add_argument("--run", metavar="ID", type=int, help="report one run (default: every run)")
+    parser.add_argument("--run", metavar="ID", type=int,
+                        help="report one run (default: every run); with --baseline or --save-baseline, the "
+                             "run compared or saved (default: the newest)")
     parser.add_argument("--format", choices=REPORT_FORMATS, default="text",
                         help="output format (default: text)")
     parser.add_argument("--output", metavar="PATH", help="write the report to PATH instead of stdout")
+    gate = parser.add_argument_group("regression gate (docs/regression-gate.md)")
+    gate.add_argument("--baseline", metavar="B",
+                      help="compare with B: a run id of --db, a database URL (its newest run, or "
+                           "--baseline-run), or a baseline file written by --save-baseline")
+    gate.add_argument("--baseline-run", metavar="ID", type=int, help="the run of a database URL baseline")
+    gate.add_argument("--save-baseline", metavar="PATH",
+                      help="write the run's figures to PATH as a baseline file (JSON, to commit beside the code)")
+    gate.add_argument("--thresholds", metavar="PATH",
+                      help="thresholds file, TOML or JSON: sections such as [pool_memory] relative = 0.1")
+    gate.add_argument("--threshold", metavar="NAME=VALUE", action="append", default=[],
+                      help="set one threshold, e.g. capture_time.relative=1.0 (repeatable; wins over the file)")
 
 
 def _add_advise(commands: argparse._SubParsersAction) -> None:
@@ -263,6 +280,9 @@ def _add_watch(commands: argparse._SubParsersAction) -> None:
                         help="the window those captures must fall in (default 60)")
     parser.add_argument("--label", default=None,
                         help="the runs' label on the dashboard (default: 'watch' and the script name)")
+    parser.add_argument("--job", default=None,
+                        help="the job id of the watched ranks, whose graphs are then checked against each "
+                             "other (default: torchrun's rendezvous id or SLURM's job id, from the environment)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="the command to run, e.g. -- python their_script.py --flag")
 

@@ -14,6 +14,7 @@ from typing import Any
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent
 from capture_core.modes import CUDAGraphMode
+from inspector.steps import StepSegment
 
 GraphKey = tuple[str, str]
 """(mode label, descriptor key): how a graph is found again within one run."""
@@ -186,3 +187,5 @@ class FlushBatch:
     backend: str | None
     dropped_events: int
     ended_at: float | None = None
+    steps: StepSegment | None = None
+    """This rank's steps since the last committed window (ranks of a job only)."""

@@ -39,7 +39,7 @@ def run(row: Run) -> dict[str, Any]:
     return {
         "id": row.id,
         "label": run_label(row),
-        **_columns(row, "host", "pid", "process", "rank", "world_size", "device", "backend"),
+        **_columns(row, "host", "pid", "process", "rank", "world_size", "job", "device", "backend"),
         "config": config,
         **_columns(row, "started_at", "last_seen_at", "ended_at", "dropped_events"),
     }

@@ -66,10 +66,13 @@ class Run(Base):
     """Bumped on every flush: a run whose last_seen_at is recent and ended_at is null is live."""
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     dropped_events: Mapped[int] = mapped_column(Integer, default=0)
+    job: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """The distributed job the run is a rank of (torchrun's run id, SLURM's job id, or given); its
+    ranks are checked against each other (``inspector.ranks``). None: not part of a known job."""
 
     graphs: Mapped[list[Graph]] = relationship(back_populates="run", cascade="all, delete-orphan")
 
-    __table_args__ = (Index(None, "started_at"),)
+    __table_args__ = (Index(None, "started_at"), Index(None, "job", "rank"))
 
 
 class Graph(DescriptorColumns, Base):
@@ -221,6 +224,28 @@ class EagerTotal(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("run_id", "reason", "mode"),)
+
+
+class StepSequence(Base):
+    """The graphs one rank ran, step by step, over one flush window: what ranks of a job compare.
+
+    ``sequence`` is run-length encoded JSON, ``[[label, steps], ...]`` in step order, a label being
+    a graph's mode and descriptor key (``full tokens=8,reqs=8,uniform``), ``eager`` for a batch run
+    without a graph, or ``idle`` for a coordinated step that ran no batch. Steps are counted from
+    the run's start: ``first_step`` is the window's first.
+    """
+
+    __tablename__ = "step_sequences"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    first_step: Mapped[int] = mapped_column(BigInteger)
+    steps: Mapped[int] = mapped_column(Integer)
+    window_start: Mapped[float] = mapped_column(Float)
+    window_end: Mapped[float] = mapped_column(Float)
+    sequence: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (Index(None, "run_id", "first_step"),)
 
 
 class CompileRecord(Base):

@@ -1,7 +1,8 @@
-"""What a run row says about the process that records it: host, pid, command line, rank, device.
+"""What a run row says about the process that records it: host, pid, command line, rank, job, device.
 
 The rank comes from torch.distributed when it is initialised, else from the launcher's environment;
-the device from torch when CUDA is up. torch is only looked at when the engine imported it.
+the job from the launcher's environment (torchrun, SLURM) unless given; the device from torch when
+CUDA is up. torch is only looked at when the engine imported it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def describe_process(
     rank: int | None = None,
     world_size: int | None = None,
     device: str | None = None,
+    job: str | None = None,
 ) -> RunInfo:
     """This process, as of now, for its run row (arguments given win over what is detected)."""
     rank, world_size = detect_rank(rank, world_size)
@@ -35,7 +37,34 @@ def describe_process(
         device=device or detect_device(),
         config=json.dumps(config or {}, sort_keys=True, default=str),
         started_at=time.time(),
+        job=detect_job(job),
     )
+
+
+JOB_ENV = "GRAPH_INSPECTOR_JOB"
+"""Names the job of every recorder in the process (``graph-inspector watch --job`` sets it)."""
+TORCHRUN_DEFAULT_RUN_ID = "none"
+"""What torchrun puts in $TORCHELASTIC_RUN_ID without --rdzv-id (or --standalone): shared by every
+such job, so it names none of them."""
+
+
+def detect_job(job: str | None) -> str | None:
+    """The job id: ``job`` when given ("" for none), else $GRAPH_INSPECTOR_JOB, torchrun's
+    $TORCHELASTIC_RUN_ID (its rendezvous id), SLURM's $SLURM_JOB_ID (with the step, $SLURM_STEP_ID,
+    since each ``srun`` of a job is a job of ranks of its own), else None."""
+    if job is not None:
+        return job or None
+    named = os.environ.get(JOB_ENV, "").strip()
+    if named:
+        return named
+    torchrun = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if torchrun and torchrun != TORCHRUN_DEFAULT_RUN_ID:
+        return f"torchrun:{torchrun}"
+    slurm = os.environ.get("SLURM_JOB_ID", "").strip()
+    if slurm:
+        step = os.environ.get("SLURM_STEP_ID", "").strip()
+        return f"slurm:{slurm}.{step}" if step else f"slurm:{slurm}"
+    return None
 
 
 def detect_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

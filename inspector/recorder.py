@@ -12,6 +12,10 @@ Nothing here raises into the engine once recording has started: a locked, unwrit
 database is retried with backoff (a vanished SQLite file is recreated), and what cannot be kept
 is counted in ``dropped`` and logged, and written to ``runs.dropped_events`` when the database is
 writable again. The counters assume one engine thread calls ``on_replay`` at a time.
+
+A recorder that is a rank of a job (``job``, or torchrun's or SLURM's environment, and more than
+one rank) also keeps the order of its batches (``inspector.steps``: one list append per batch), and
+rank 0's recorder compares the ranks after each window (``inspector.ranks``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from inspector.batch import (
 )
 from inspector.errors import DatabaseError
 from inspector.process import describe_process
+from inspector.ranks import RankCheck
+from inspector.steps import StepLog
 from inspector.store import Store, StoreUnavailable, open_store, resolve_url
 from inspector.writer import RunWriter
 
@@ -54,6 +60,10 @@ class Recorder:
     ``flush_interval`` is the replay-window length in seconds. ``max_pending`` bounds the records
     (captures and distinct violations) held while the database is unavailable; beyond it new ones
     are dropped and counted. ``close_timeout`` bounds how long ``close`` keeps retrying.
+
+    ``job`` names the distributed job this process is a rank of (default: torchrun's or SLURM's,
+    from the environment; "" for none). ``step_sequence`` keeps the order of the batches for the
+    ranks to be compared (default: when the run is a rank of a job of more than one rank).
     """
 
     def __init__(
@@ -68,6 +78,8 @@ class Recorder:
         device: str | None = None,
         max_pending: int = 100_000,
         close_timeout: float = 10.0,
+        job: str | None = None,
+        step_sequence: bool | None = None,
     ) -> None:
         if not flush_interval > 0:
             raise ValueError(f"flush_interval must be positive, got {flush_interval}")
@@ -76,10 +88,16 @@ class Recorder:
         self.flush_interval = float(flush_interval)
         self.max_pending = max_pending
         self.close_timeout = close_timeout
-        self.info = describe_process(label, config, rank, world_size, device)
+        self.info = describe_process(label, config, rank, world_size, device, job)
         # Hot-path counters, written by the engine thread only: key -> [count].
         self._replays: dict[ReplayKey, list[int]] = {}
         self._eager: dict[EagerKey, list[int]] = {}
+        if step_sequence is None:
+            step_sequence = bool(self.info.job) and self.info.world_size > 1
+        self.step_log = StepLog(max_pending) if step_sequence else None
+        # The hot path appends each bumped counter cell here (None: the order is not kept).
+        self._steps: list | None = self.step_log.entries if self.step_log is not None else None
+        self._rank_check = RankCheck.of(self.info)
         # Rare events, appended by the engine, drained by the flush thread.
         self._capture_queue: deque[CaptureEvent] = deque()
         self._violation_queue: deque[ViolationEvent] = deque()
@@ -108,7 +126,7 @@ class Recorder:
     # ------------------------------------------------------------------ the observer protocol
 
     def on_replay(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int) -> None:
-        """Hot path: one dict lookup and one integer bump.
+        """Hot path: one dict lookup and one integer bump (and one list append for a rank of a job).
 
         The key spells out the descriptor's fields: hashing and comparing a tuple of ints is done in
         C, while the dataclass's own ``__hash__``/``__eq__`` are Python calls that would cost more
@@ -124,16 +142,31 @@ class Recorder:
             num_real_tokens,
         )
         try:
-            self._replays[key][0] += 1
+            cell = self._replays[key]
         except KeyError:
-            self._replays[key] = [1]
+            cell = self._replays[key] = [0]
+        cell[0] += 1
+        steps = self._steps
+        if steps is not None:
+            steps.append(cell)
 
     def on_eager(self, reason: EagerReason, num_real_tokens: int, mode: CUDAGraphMode) -> None:
         key = (reason._value_, mode._value_, num_real_tokens)
         try:
-            self._eager[key][0] += 1
+            cell = self._eager[key]
         except KeyError:
-            self._eager[key] = [1]
+            cell = self._eager[key] = [0]
+        cell[0] += 1
+        steps = self._steps
+        if steps is not None:
+            steps.append(cell)
+
+    def on_dp_coordination(self, coordination: Any) -> None:
+        """``coordinate_batch_across_dp(..., observer=recorder)`` calls this once per step, after the
+        ranks agreed: the batches from here to the next agreement are one step of the sequence."""
+        steps = self._steps
+        if steps is not None:
+            steps.append(coordination)
 
     def on_capture(self, event: CaptureEvent) -> None:
         if len(self._capture_queue) >= self.max_pending:
@@ -297,7 +330,10 @@ class Recorder:
             if self._writer is not None and self._writer.store.vanished():
                 self._on_vanished()
             writer = self._writer or self._open(wall)
+            steps = None
             if include_traffic:
+                if self.step_log is not None:  # before the counters: every cell taken is in them
+                    steps = self.step_log.pending(self._replays, self._eager, final=ended)
                 traffic, replay_counts, eager_counts = self._take_traffic(wall)
             else:
                 traffic, replay_counts, eager_counts = TrafficWindow(self._window_start, wall), None, None
@@ -308,6 +344,7 @@ class Recorder:
                 backend=self._backend,
                 dropped_events=self.dropped,
                 ended_at=wall if ended else None,
+                steps=steps,
             )
             writer.write(batch, wall)
         except Exception as error:
@@ -320,6 +357,10 @@ class Recorder:
             self._committed_replays = replay_counts
             self._committed_eager = eager_counts
             self._window_start = traffic.window_end
+            if self.step_log is not None:
+                self.step_log.committed()
+            if self._rank_check is not None:
+                self._rank_check.after_flush(writer.store, final=ended)
         if self._failures:
             log.warning("graph-inspector recorder: %s is writable again", writer.store.display_url)
         self._failures = 0
@@ -375,6 +416,6 @@ class Recorder:
 
     def _drop_everything(self) -> None:
         traffic, _, _ = self._take_traffic(time.time())
-        lost = self._pending.clear() + traffic.rows()
+        lost = self._pending.clear() + traffic.rows() + (self.step_log.drop() if self.step_log else 0)
         if lost:
             self._drop(lost, f"pending (database unavailable: {self.last_error})")

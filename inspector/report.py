@@ -2,8 +2,10 @@
 
 A CI system shows JUnit XML natively, so each violation becomes a failing test case (named after
 the graph and input, with the full message and addresses) and each clean run a passing one; the
-build fails on the exit code (0 clean, 1 violations). The pytest plugin renders its findings with
-the same functions, so both paths read the same.
+build fails on the exit code (0 clean, 1 violations or regressions). Against a baseline
+(``inspector.gate``) every comparison is a test case of its own, so a CI page lists exactly what
+regressed. The pytest plugin renders its findings with the same functions, so both paths read the
+same.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import func, select
 
 from inspector.errors import UsageError
+from inspector.gate import REGRESSION, SKIPPED, Comparison, GateResult
 from inspector.models import CompileRecord, Graph, Run, Violation
 from inspector.store import Store
 from inspector.traffic import TrafficTotals, traffic_per_run
@@ -98,6 +101,7 @@ class RunSummary:
     started_at: float
     ended_at: float | None
     dropped_events: int
+    job: str | None = None
     graphs: int = 0
     traffic: TrafficTotals = field(default_factory=TrafficTotals)
     violations: int = 0
@@ -105,7 +109,8 @@ class RunSummary:
     @property
     def name(self) -> str:
         label = f" {self.label!r}" if self.label else ""
-        return f"run {self.id}{label} ({self.host}, rank {self.rank}, pid {self.pid})"
+        job = f", job {self.job}" if self.job else ""
+        return f"run {self.id}{label} ({self.host}, rank {self.rank}{job}, pid {self.pid})"
 
 
 @dataclass(frozen=True)
@@ -138,10 +143,12 @@ class Report:
     findings: list[Finding]
     compile_notes: list[CompileNote] = field(default_factory=list)
     generated_at: float = field(default_factory=time.time)
+    gate: GateResult | None = None
+    """The candidate run against a baseline, when one was given."""
 
     @property
     def ok(self) -> bool:
-        return not self.findings
+        return not self.findings and (self.gate is None or self.gate.ok)
 
     @property
     def exit_code(self) -> int:
@@ -166,6 +173,7 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
                 started_at=run.started_at,
                 ended_at=run.ended_at,
                 dropped_events=run.dropped_events,
+                job=run.job,
             )
             for run in session.scalars(query)
         }
@@ -242,8 +250,10 @@ def render_text(report: Report) -> str:
         lines.extend(
             f"    {line}".rstrip() for line in finding.details(stack_frames=TEXT_STACK_FRAMES).splitlines()
         )
+    if report.gate is not None:
+        lines += ["", *gate_lines(report.gate)]
     lines.append("")
-    if report.ok:
+    if not report.findings:
         lines.append(f"OK: no violations in {len(report.runs)} run(s)")
     else:
         total = sum(f.count for f in report.findings)
@@ -251,7 +261,29 @@ def render_text(report: Report) -> str:
             f"FAILED: {len(report.findings)} violation(s) ({total} occurrence(s)) "
             f"in {len(report.runs)} run(s)"
         )
+    if report.gate is not None:
+        lines.append(gate_verdict(report.gate))
     return "\n".join(lines) + "\n"
+
+
+VERDICT_WORDS = {REGRESSION: "FAIL", SKIPPED: "SKIP"}
+
+
+def gate_lines(gate: GateResult) -> list[str]:
+    """The gate's section of a text report: one line per comparison, its details under it."""
+    lines = [f"Regression gate: {gate.candidate} against {gate.baseline}"]
+    for comparison in gate.comparisons:
+        word = VERDICT_WORDS.get(comparison.verdict, "PASS")
+        lines.append(f"  {word} {comparison.title.lower()}: {comparison.summary}")
+        lines.extend(f"      {detail}" for detail in comparison.details)
+    return lines
+
+
+def gate_verdict(gate: GateResult) -> str:
+    if gate.ok:
+        return f"OK: no regressions against {gate.baseline}"
+    names = ", ".join(c.title.lower() for c in gate.regressions)
+    return f"FAILED: {len(gate.regressions)} regression(s) against {gate.baseline}: {names}"
 
 
 # ---------------------------------------------------------------------------------------------- JSON
@@ -265,6 +297,7 @@ def render_json(report: Report) -> str:
         "runs": [asdict(run) | {"traffic": run.traffic.as_dict()} for run in report.runs],
         "violations": [finding_dict(f) for f in report.findings],
         "compile_events": [asdict(note) for note in report.compile_notes],
+        "gate": None if report.gate is None else report.gate.as_dict(),
     }
     return json.dumps(payload, indent=2, sort_keys=True) + "\n"
 
@@ -280,28 +313,46 @@ def finding_dict(finding: Finding) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class Case:
-    """One JUnit test case: passing when ``finding`` is None."""
+    """One JUnit test case: failing for a ``finding`` or a failed ``comparison``, skipped for a
+    skipped comparison, else passing."""
 
     classname: str
     name: str
     finding: Finding | None = None
+    comparison: Comparison | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.finding is not None or (self.comparison is not None and self.comparison.failed)
+
+    @property
+    def skipped(self) -> bool:
+        return self.comparison is not None and self.comparison.verdict == SKIPPED
 
 
 def report_cases(report: Report) -> list[Case]:
-    """A failing case per violation, a passing case per clean run (or one when nothing ran)."""
+    """A failing case per violation, a passing case per clean run (or one when nothing ran), and a
+    case per comparison against the baseline."""
     cases = [Case(f"{SUITE}.{f.kind}", f"{f.title} [{f.where}]", f) for f in report.findings]
     for run in report.runs:
         if run.violations == 0:
             cases.append(Case(f"{SUITE}.run", f"{run.name}: no violations"))
     if not cases:
         cases.append(Case(f"{SUITE}.run", "no violations (no runs recorded)"))
+    if report.gate is not None:
+        cases += gate_cases(report.gate)
     return cases
+
+
+def gate_cases(gate: GateResult) -> list[Case]:
+    return [Case(f"{SUITE}.baseline", c.title, comparison=c) for c in gate.comparisons]
 
 
 def render_junit_cases(
     cases: Sequence[Case], suite: str = SUITE, properties: Iterable[tuple[str, str]] = ()
 ) -> str:
-    failures = sum(1 for c in cases if c.finding is not None)
+    failures = sum(1 for c in cases if c.failed)
+    skipped = sum(1 for c in cases if c.skipped)
     root = ET.Element("testsuites", name=suite, tests=str(len(cases)), failures=str(failures), errors="0")
     suite_el = ET.SubElement(
         root,
@@ -310,7 +361,7 @@ def render_junit_cases(
         tests=str(len(cases)),
         failures=str(failures),
         errors="0",
-        skipped="0",
+        skipped=str(skipped),
         hostname=socket.gethostname(),
         timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()),
     )
@@ -324,6 +375,13 @@ def render_junit_cases(
         if case.finding is not None:
             failure = ET.SubElement(case_el, "failure", type=case.finding.kind, message=case.finding.message)
             failure.text = case.finding.details()
+        elif case.comparison is not None and case.comparison.verdict != "pass":
+            comparison = case.comparison
+            tag = "failure" if comparison.failed else "skipped"
+            element = ET.SubElement(case_el, tag, message=comparison.summary)
+            if comparison.failed:
+                element.set("type", REGRESSION)
+                element.text = "\n".join([comparison.summary, *comparison.details])
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 

@@ -28,6 +28,7 @@ from capture_core.events import CaptureEvent
 from capture_core.modes import CUDAGraphMode
 from inspector import models
 from inspector.batch import FlushBatch, GraphKey, PendingViolation, TrafficWindow, ViolationKey, graph_key
+from inspector.steps import StepSegment
 from inspector.store import Store
 
 UNKNOWN_BACKEND = "unknown"
@@ -46,6 +47,8 @@ class RunInfo:
     device: str
     config: str
     started_at: float
+    job: str | None = None
+    """The distributed job this run is a rank of (see ``inspector.process.detect_job``)."""
 
 
 def descriptor_values(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> dict[str, object]:
@@ -64,14 +67,15 @@ def descriptor_values(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> dict[
 # ------------------------------------------------------------------------------------------ runs
 
 
-RUN_TEXT_LIMITS = {"label": 200, "host": 255, "process": 500, "device": 200, "backend": 32}
+RUN_TEXT_LIMITS = {"label": 200, "host": 255, "process": 500, "device": 200, "backend": 32, "job": 200}
 """The lengths of the runs table's text columns."""
 
 
 def insert_run(conn: Connection, info: RunInfo, now: float, backend: str | None = None) -> int:
     values = asdict(info) | {"backend": backend or UNKNOWN_BACKEND, "last_seen_at": now, "dropped_events": 0}
     for name, limit in RUN_TEXT_LIMITS.items():
-        values[name] = values[name][:limit]
+        if values[name] is not None:
+            values[name] = values[name][:limit]
     return conn.execute(insert(models.Run).values(values).returning(models.Run.id)).scalar_one()
 
 
@@ -313,6 +317,14 @@ def _add_to_totals(
     return created
 
 
+def append_steps(conn: Connection, run_id: int, steps: StepSegment, window: TrafficWindow) -> None:
+    """One rank's steps over one flush window (``inspector.steps``), for the ranks to be compared."""
+    conn.execute(insert(models.StepSequence).values(
+        run_id=run_id, first_step=steps.first_step, steps=steps.steps, window_start=window.window_start,
+        window_end=window.window_end, sequence=steps.to_json(),
+    ))
+
+
 # -------------------------------------------------------------------------------- compile events
 
 
@@ -387,6 +399,8 @@ class RunWriter:
                     add_to_violation(conn, self.violation_ids[key], pending.count, last_seen[key])
             ids = ChainMap(graphs, self.graph_ids)
             totals = append_traffic(conn, run_id, [batch.traffic], ids, self.totals, now)
+            if batch.steps is not None:
+                append_steps(conn, run_id, batch.steps, batch.traffic)
             update_run(conn, run_id, now, backend=batch.backend, dropped_events=batch.dropped_events,
                        ended_at=batch.ended_at)
         # Committed: adopt what the transaction made.

@@ -25,7 +25,13 @@ from capture_core.ubatch.context import (
     dbo_yield_and_switch_from_compute_to_comm,
     make_ubatch_contexts,
 )
-from capture_core.ubatch.dp import DPCoordination, DPCoordinationError, coordinate_batch_across_dp
+from capture_core.ubatch.dp import (
+    DPCoordination,
+    DPCoordinationError,
+    DPObserver,
+    DPRequest,
+    coordinate_batch_across_dp,
+)
 from capture_core.ubatch.slices import (
     UBatchConfig,
     UBatchSlice,
@@ -40,6 +46,8 @@ from capture_core.ubatch.wrapper import UBatchGraphEntry, UBatchWrapper
 __all__ = [
     "DPCoordination",
     "DPCoordinationError",
+    "DPObserver",
+    "DPRequest",
     "UBatchAbortedError",
     "UBatchConfig",
     "UBatchContext",

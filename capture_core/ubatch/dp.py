@@ -7,11 +7,16 @@ running, the ranks exchange what each wants in one all-reduce and apply the same
 numbers: micro-batch only if every rank wants to and no rank's last ubatch would be empty; run the
 lowest graph mode any rank can; pad everyone to the largest padded batch whenever graphs or
 micro-batches are in play.
+
+Every rank learns what every rank asked for (``DPCoordination.requests``), and an ``observer``
+(the inspector's Recorder) hears each agreement: its step sequence then counts one step per
+agreement, which is how the inspector compares the graphs the ranks replay, step by step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -27,6 +32,22 @@ class DPCoordinationError(RuntimeError):
     """The per-step all-reduce failed or timed out: some rank did not take part."""
 
 
+class DPObserver(Protocol):
+    """Hears every agreement, on every rank (the inspector's Recorder is one). Must not raise."""
+
+    def on_dp_coordination(self, coordination: DPCoordination) -> None: ...
+
+
+@dataclass(frozen=True)
+class DPRequest:
+    """What one rank asked for in one step, before the agreement."""
+
+    num_tokens_unpadded: int
+    num_tokens_padded: int
+    wants_ubatch: bool
+    mode: CUDAGraphMode
+
+
 @dataclass(frozen=True)
 class DPCoordination:
     """What every rank agreed on for this step (identical on every rank)."""
@@ -37,6 +58,8 @@ class DPCoordination:
     num_tokens_across_dp: tuple[int, ...]
     """Token count each rank runs, padding included: all equal to the largest when padding applies."""
     rank: int
+    requests: tuple[DPRequest, ...] = ()
+    """What each rank asked for, by rank (the same on every rank)."""
 
     @property
     def num_tokens_after_padding(self) -> int:
@@ -57,6 +80,7 @@ def coordinate_batch_across_dp(
     mode: CUDAGraphMode = CUDAGraphMode.NONE,
     group: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
+    observer: DPObserver | None = None,
 ) -> DPCoordination:
     """Agree with every data-parallel rank on micro-batching, graph mode and padding for one step.
 
@@ -67,6 +91,8 @@ def coordinate_batch_across_dp(
 
     The exchange is one all-reduce of a small integer table on ``device``: by default the CPU for
     gloo and the current CUDA device for NCCL. Every rank must call this once per step.
+    ``observer`` hears the agreement (pass the rank's Recorder, so the inspector can tell which
+    batches belong to which step when it compares the ranks).
     """
     padded = num_tokens_unpadded if num_tokens_padded is None else num_tokens_padded
     if num_tokens_unpadded < 0:
@@ -88,7 +114,10 @@ def coordinate_batch_across_dp(
     table[_MODE, rank] = mode.value
     if world > 1:
         table = _all_reduce(table, group, device, rank, world)
-    return _decide(table, config.num_ubatches, rank)
+    agreed = _decide(table, config.num_ubatches, rank)
+    if observer is not None:
+        observer.on_dp_coordination(agreed)
+    return agreed
 
 
 def _all_reduce(
@@ -132,4 +161,9 @@ def _decide(table: torch.Tensor, num_ubatches: int, rank: int) -> DPCoordination
         across = (padded,) * len(rows[_PADDED])
     else:
         across = tuple(rows[_PADDED])
-    return DPCoordination(should_ubatch, mode, across, rank)
+    requests = tuple(
+        DPRequest(real, own, bool(wants), CUDAGraphMode(wanted))
+        for real, own, wants, wanted in zip(rows[_REAL], rows[_PADDED], rows[_WANTS_UBATCH], rows[_MODE],
+                                            strict=True)
+    )
+    return DPCoordination(should_ubatch, mode, across, rank, requests)

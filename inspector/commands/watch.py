@@ -18,6 +18,7 @@ import sys
 
 def run(args: argparse.Namespace) -> int:
     from inspector.errors import UsageError
+    from inspector.process import JOB_ENV
     from inspector.store import open_store, resolve_url
     from inspector.watch.launch import WatchSettings, child_environment
     from inspector.watch.summary import watch_summary
@@ -44,8 +45,11 @@ def run(args: argparse.Namespace) -> int:
         storm_threshold=args.storm_threshold,
         storm_window_s=args.storm_window,
     )
+    env = child_environment(settings)
+    if args.job:
+        env[JOB_ENV] = args.job
     try:
-        child = subprocess.Popen(command, env=child_environment(settings))
+        child = subprocess.Popen(command, env=env)
     except OSError as error:
         store.dispose()
         raise UsageError(f"cannot run {command[0]!r}: {error.strerror or error}") from None

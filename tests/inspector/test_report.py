@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -19,22 +16,7 @@ from inspector.report import build_report, render_json, render_junit, render_tex
 from inspector.store import open_store
 from inspector.watch.watcher import CompileEvent, CompileEventKind
 from inspector.writer import record_compile_event
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.pop("GRAPH_INSPECTOR_DB", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", "dashboard.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+from tests.support.cli import cli
 
 
 def _record(url: str, violations: bool, label: str = "") -> int:
@@ -133,19 +115,19 @@ def test_report_command_exit_codes_and_formats(tmp_path: Path) -> None:
     dirty_run = _record(dirty, violations=True)
     _record(dirty, violations=False)
 
-    ok = _cli("report", "--db", clean)
+    ok = cli("report", "--db", clean)
     assert ok.returncode == 0, ok.stderr
     assert "OK: no violations" in ok.stdout
 
-    failed = _cli("report", "--db", dirty, "--format", "json")
+    failed = cli("report", "--db", dirty, "--format", "json")
     assert failed.returncode == 1, failed.stderr
     assert len(json.loads(failed.stdout)["violations"]) == 2
 
-    clean_run = _cli("report", "--db", dirty, "--run", str(dirty_run + 1))
+    clean_run = cli("report", "--db", dirty, "--run", str(dirty_run + 1))
     assert clean_run.returncode == 0, clean_run.stdout
 
     out = tmp_path / "report.xml"
-    junit = _cli("report", "--db", dirty, "--format", "junit", "--output", str(out))
+    junit = cli("report", "--db", dirty, "--format", "junit", "--output", str(out))
     assert junit.returncode == 1
     assert str(out) in junit.stderr
     assert ET.parse(out).getroot().get("failures") == "2"
@@ -164,7 +146,7 @@ def test_report_command_exit_codes_and_formats(tmp_path: Path) -> None:
 def test_report_command_errors_are_clear_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     (tmp_path / "notes.db").write_text("not a database\n" * 100)
     _record(f"sqlite:///{tmp_path / 'ok.db'}", violations=False)
-    result = _cli("report", *[a.format(tmp=tmp_path) for a in args])
+    result = cli("report", *[a.format(tmp=tmp_path) for a in args])
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -172,24 +154,24 @@ def test_report_command_errors_are_clear_and_exit_2(tmp_path: Path, args: list[s
 
 def test_report_on_a_database_with_no_runs_exits_2(tmp_path: Path) -> None:
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
-    assert _cli("db", "upgrade", "--db", empty).returncode == 0
-    result = _cli("report", "--db", empty, "--format", "junit", "--output", str(tmp_path / "r.xml"))
+    assert cli("db", "upgrade", "--db", empty).returncode == 0
+    result = cli("report", "--db", empty, "--format", "junit", "--output", str(tmp_path / "r.xml"))
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"no runs recorded in {empty}: nothing to report" in result.stderr
     assert "OK" not in result.stdout + result.stderr and not (tmp_path / "r.xml").exists()
 
 
 def test_report_usage_error_exits_2() -> None:
-    result = _cli("report", "--format", "yaml")
+    result = cli("report", "--format", "yaml")
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
 def test_db_upgrade_then_current(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
-    assert _cli("db", "current", "--db", url).returncode == 2, "current never creates a database"
-    upgraded = _cli("db", "upgrade", "--db", url)
+    assert cli("db", "current", "--db", url).returncode == 2, "current never creates a database"
+    upgraded = cli("db", "upgrade", "--db", url)
     assert upgraded.returncode == 0 and "(newest)" in upgraded.stdout
-    current = _cli("db", "current", "--db", url)
+    current = cli("db", "current", "--db", url)
     assert current.returncode == 0 and "(newest)" in current.stdout
 
 
@@ -199,6 +181,6 @@ def test_report_on_an_old_schema_asks_for_an_upgrade(tmp_path: Path) -> None:
     with store.engine.begin() as conn:
         conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0001'")
     store.dispose()
-    result = _cli("report", "--db", url)
+    result = cli("report", "--db", url)
     assert result.returncode == 2 and "db upgrade" in result.stderr
-    assert _cli("db", "current", "--db", url).returncode == 1
+    assert cli("db", "current", "--db", url).returncode == 1
