@@ -9,6 +9,11 @@ the test in which a violation happens, and write the findings as JUnit XML or JS
   ``graph_violations_expected`` when it plants one on purpose.
 - ``--graph-report PATH`` writes every finding (recorded or raised) at the end of the session:
   JSON when PATH ends in ``.json``, JUnit XML otherwise.
+- ``--graph-baseline PATH`` is the regression gate for the session: the graphs the
+  ``graph_observer`` fixtures saw (captures, pool memory, capture time, replays, eager batches,
+  summed over the tests) are compared with a baseline file (``inspector.gate``); a regression fails
+  the session, and each comparison is a case of the ``--graph-report``. ``--graph-save-baseline
+  PATH`` writes the session's figures as that file; ``--graph-thresholds PATH`` sets thresholds.
 
 Findings travel on each test's ``user_properties``, so under pytest-xdist they reach the controller,
 which alone writes the report; workers only observe. State lives in ``config.stash``. This module
@@ -31,6 +36,7 @@ DEBUG_ENV = "GRAPH_INSPECTOR_DEBUG"
 """capture_core.checks reads it; kept here as text so this module does not import torch."""
 MARKER = "graph_violations_expected"
 FINDING_PROPERTY = "graph_inspector_finding"
+FIGURES_PROPERTY = "graph_inspector_figures"
 REPORTER_NAME = "graph-inspector-reporter"
 
 
@@ -42,6 +48,18 @@ class PluginState:
     findings: list[Any] = field(default_factory=list)
     tests: int = 0
     report_error: str | None = None
+    baseline_path: Path | None = None
+    save_baseline_path: Path | None = None
+    thresholds_path: Path | None = None
+    figures: list[Any] = field(default_factory=list)
+    """Each test's ``Figures`` (gathered only when a baseline is compared or saved)."""
+    gate: Any = None
+    """The session against the baseline (an ``inspector.gate.GateResult``)."""
+    gate_error: str | None = None
+
+    @property
+    def gathers_figures(self) -> bool:
+        return self.baseline_path is not None or self.save_baseline_path is not None
 
 
 STATE = pytest.StashKey[PluginState]()
@@ -53,18 +71,23 @@ class TestObserver:
 
     __test__ = False  # not a test class, whatever its name
 
-    def __init__(self) -> None:
+    def __init__(self, figures: Any = None) -> None:
         self.violations: list[Any] = []
         self._taken = 0
+        self.figures = figures
+        """A ``FiguresCollector`` when the session is compared with a baseline, else None."""
 
     def on_capture(self, event: Any) -> None:
-        pass
+        if self.figures is not None:
+            self.figures.on_capture(event)
 
     def on_replay(self, mode: Any, descriptor: Any, num_real_tokens: int) -> None:
-        pass
+        if self.figures is not None:
+            self.figures.on_replay(mode, descriptor, num_real_tokens)
 
     def on_eager(self, reason: Any, num_real_tokens: int, mode: Any) -> None:
-        pass
+        if self.figures is not None:
+            self.figures.on_eager(reason, num_real_tokens, mode)
 
     def on_violation(self, event: Any) -> None:
         self.violations.append(event)
@@ -96,6 +119,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="graph-inspector: write the graph violations found during the session to PATH "
         "(JUnit XML, or JSON when PATH ends in .json).",
     )
+    group.addoption(
+        "--graph-baseline",
+        metavar="PATH",
+        default=None,
+        help="graph-inspector: compare the graphs the graph_observer fixtures saw with this baseline "
+        "file (graph-inspector report --save-baseline, or --graph-save-baseline); a regression fails "
+        "the session.",
+    )
+    group.addoption(
+        "--graph-save-baseline",
+        metavar="PATH",
+        default=None,
+        help="graph-inspector: write the graphs the graph_observer fixtures saw as a baseline file.",
+    )
+    group.addoption(
+        "--graph-thresholds",
+        metavar="PATH",
+        default=None,
+        help="graph-inspector: the regression gate's thresholds (TOML or JSON; see docs/regression-gate.md).",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -104,7 +147,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     path = config.getoption("graph_report")
     state = PluginState(
-        report_path=Path(path).resolve() if path else None, debug=config.getoption("graph_debug")
+        report_path=_path(path), debug=config.getoption("graph_debug"),
+        baseline_path=_path(config.getoption("graph_baseline")),
+        save_baseline_path=_path(config.getoption("graph_save_baseline")),
+        thresholds_path=_path(config.getoption("graph_thresholds")),
     )
     if state.debug:
         state.previous_debug_env = os.environ.get(DEBUG_ENV)
@@ -112,6 +158,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = state
     if not _is_worker(config):
         config.pluginmanager.register(SessionReporter(state), REPORTER_NAME)
+
+
+def _path(option: str | None) -> Path | None:
+    return Path(option).resolve() if option else None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -130,7 +180,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture
 def graph_observer(request: pytest.FixtureRequest) -> TestObserver:
     """An observer for the graph runtime under test: a violation it sees fails this test."""
-    observer = TestObserver()
+    figures = None
+    if request.config.stash[STATE].gathers_figures:
+        from inspector.baseline import FiguresCollector
+
+        figures = FiguresCollector()
+    observer = TestObserver(figures)
     request.node.stash[OBSERVER] = observer
     return observer
 
@@ -175,6 +230,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     observer = item.stash.get(OBSERVER, None)
     expected = item.get_closest_marker(MARKER) is not None
     events = observer.take_new() if observer is not None else []
+    if observer is not None and observer.figures is not None and call.when == "teardown":
+        # The last phase's report is built by now (from a copy of the item's properties).
+        report.user_properties.append((FIGURES_PROPERTY, observer.figures.figures.to_json()))
     if expected:
         return report
     findings = [_finding_from_event(event, item.nodeid) for event in events]
@@ -211,9 +269,15 @@ class SessionReporter:
                 from inspector.report import Finding
 
                 self.state.findings.append(Finding(**json.loads(value)))
+            elif name == FIGURES_PROPERTY:
+                from inspector.baseline import figures_from_json
+
+                self.state.figures.append(figures_from_json(json.loads(value)))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         state = self.state
+        if state.gathers_figures:
+            self._gate(session)
         if state.report_path is None:
             return
         try:
@@ -224,9 +288,31 @@ class SessionReporter:
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def _gate(self, session: pytest.Session) -> None:
+        """The session's figures against the baseline, and saved as one; a regression (or a
+        baseline that cannot be read) fails the session."""
+        from inspector.baseline import load_baseline, merge, save_baseline
+        from inspector.errors import InspectorError
+        from inspector.gate import Thresholds, compare
+
+        state = self.state
+        figures = merge(state.figures, {"what": f"the test session ({state.tests} tests)"})
+        try:
+            if state.save_baseline_path is not None:
+                save_baseline(figures, state.save_baseline_path)
+            if state.baseline_path is not None:
+                thresholds = Thresholds.load(state.thresholds_path)
+                state.gate = compare(load_baseline(state.baseline_path), figures, thresholds)
+        except InspectorError as error:
+            state.gate_error = str(error)
+        if (state.gate_error or (state.gate is not None and not state.gate.ok)) and (
+            session.exitstatus == pytest.ExitCode.OK
+        ):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         state = self.state
-        if not (state.findings or state.report_path or state.debug):
+        if not (state.findings or state.report_path or state.debug or state.gathers_figures):
             return
         terminalreporter.write_sep("-", "graph-inspector")
         if state.findings:
@@ -238,6 +324,16 @@ class SessionReporter:
             terminalreporter.write_line(f"no graph violations in {state.tests} test(s)", green=True)
         if state.debug:
             terminalreporter.write_line(f"address checks in DEBUG mode ({DEBUG_ENV}=1)")
+        if state.gate_error:
+            terminalreporter.write_line(f"graph baseline: {state.gate_error}", red=True)
+        if state.gate is not None:
+            from inspector.report import gate_lines, gate_verdict
+
+            for line in gate_lines(state.gate):
+                terminalreporter.write_line(line)
+            terminalreporter.write_line(gate_verdict(state.gate), red=not state.gate.ok, green=state.gate.ok)
+        if state.save_baseline_path is not None and not state.gate_error:
+            terminalreporter.write_line(f"graph baseline written to {state.save_baseline_path}")
         if state.report_error:
             terminalreporter.write_line(f"graph report NOT written: {state.report_error}", red=True)
         elif state.report_path is not None:
@@ -245,14 +341,16 @@ class SessionReporter:
 
 
 def _render(state: PluginState) -> str:
-    from inspector.report import SUITE, Case, finding_dict, render_junit_cases
+    from inspector.report import SUITE, Case, Finding, finding_dict, gate_cases, render_junit_cases
 
     assert state.report_path is not None
+    gate = state.gate
     if state.report_path.suffix == ".json":
         payload = {
-            "ok": not state.findings,
+            "ok": not state.findings and (gate is None or gate.ok),
             "tests": state.tests,
             "violations": [finding_dict(f) for f in state.findings],
+            "gate": None if gate is None else gate.as_dict(),
         }
         return json.dumps(payload, indent=2, sort_keys=True) + "\n"
     cases = [
@@ -261,4 +359,9 @@ def _render(state: PluginState) -> str:
     ]
     if not cases:
         cases.append(Case(f"{SUITE}.session", f"no graph violations in {state.tests} test(s)"))
+    if gate is not None:
+        cases += gate_cases(gate)
+    if state.gate_error:
+        unread = Finding(kind="baseline_error", message=state.gate_error)
+        cases.append(Case(f"{SUITE}.baseline", "baseline", unread))
     return render_junit_cases(cases, properties=[("tests", str(state.tests))])

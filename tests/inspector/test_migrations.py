@@ -114,3 +114,35 @@ def test_the_vocabulary_migration_keeps_every_row_and_figure(db_url: str) -> Non
     store.dispose()
     assert _tables(db_url) == rows
     assert _figures(db_url) == figures
+
+
+BEFORE_RANKS = "0004_vocabulary"
+
+
+def test_the_ranks_migration_keeps_every_row_and_figure_and_adds_jobs(db_url: str) -> None:
+    _record(db_url)  # what the previous version recorded: runs of no job, no step sequences
+    rows, figures = _tables(db_url), _figures(db_url)
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        command.downgrade(schema.alembic_config(conn), BEFORE_RANKS)
+    engine.dispose()
+    engine = create_engine(db_url)
+    found = inspect(engine)
+    assert "job" not in {c["name"] for c in found.get_columns("runs")}
+    assert "step_sequences" not in found.get_table_names()
+    engine.dispose()
+
+    store = open_store(db_url)  # upgraded to head, as every recorder and the daemon do on start
+    assert store.current_revision() == schema.head_revision()
+    store.dispose()
+    assert _tables(db_url) == rows
+    assert _figures(db_url) == figures
+    with Recorder(db_url, label="a rank", job="job-7", rank=1, world_size=2, flush_interval=0.05) as recorder:
+        recorder.on_replay(FULL, BatchDescriptor(4, 4, True), 3)
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT job FROM runs ORDER BY id")).scalars().all() == [None, "job-7"]
+        assert conn.execute(text("SELECT sequence FROM step_sequences")).scalars().all() == [
+            '[["full tokens=4,reqs=4,uniform=1",1]]'
+        ]
+    engine.dispose()

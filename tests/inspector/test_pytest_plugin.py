@@ -155,6 +155,7 @@ def test_options_are_in_the_reporting_group(pytester: pytest.Pytester, plugin_ar
     result = pytester.runpytest(*plugin_args, "--help")
     reporting = result.stdout.str().lower().split("reporting:")[1].split("\n\n")[0]
     assert "--graph-debug" in reporting and "--graph-report=path" in reporting
+    assert "--graph-baseline=path" in reporting and "--graph-save-baseline=path" in reporting
 
 
 STALE_SUITE = """
@@ -191,3 +192,70 @@ def test_graph_debug_reports_each_check_s_error_under_its_violation_kind(
     result.stdout.fnmatch_lines(["*StaleInputError*"])
     [violation] = json.loads(report.read_text())["violations"]
     assert violation["kind"] == "stale_input"
+
+
+GATE_SUITE = """
+import torch
+
+from capture_core.descriptor import BatchDescriptor
+from capture_core.forward_context import set_forward_context
+from capture_core.modes import CUDAGraphMode
+from capture_core.runtime import GraphRuntime
+from capture_core.wrapper import CUDAGraphWrapper
+
+SIZES = {sizes}
+
+
+def test_serves_every_size(graph_observer):
+    runtime = GraphRuntime("eager", observer=graph_observer, progress=False)
+    wrapper = CUDAGraphWrapper(lambda x: x * 2, runtime, name="double")
+    static = {{size: torch.ones(size) for size in SIZES}}
+    with runtime.capture_phase():
+        for size in SIZES:
+            with set_forward_context(CUDAGraphMode.FULL, BatchDescriptor(size, size, True)):
+                wrapper(static[size])
+    for size in SIZES * 3:
+        with set_forward_context(CUDAGraphMode.FULL, BatchDescriptor(size, size, True)):
+            wrapper(static[size])
+
+
+def test_without_graphs():
+    pass
+"""
+
+
+def test_a_session_saved_as_baseline_passes_again_and_fails_without_a_size(
+    pytester: pytest.Pytester, plugin_args
+) -> None:
+    baseline = pytester.path / "ci" / "graph-baseline.json"
+    pytester.makepyfile(test_gate=GATE_SUITE.format(sizes=[1, 2, 4]))
+    saved = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-save-baseline={baseline}")
+    saved.assert_outcomes(passed=2)
+    saved.stdout.fnmatch_lines([f"*graph baseline written to {baseline}*"])
+    figures = json.loads(baseline.read_text())
+    assert [(g["captured_size"], g["replays"]) for g in figures["graphs"]] == [(1, 3), (2, 3), (4, 3)]
+    assert figures["source"]["what"] == "the test session (2 tests)"
+
+    same = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-baseline={baseline}")
+    assert same.ret == pytest.ExitCode.OK
+    same.stdout.fnmatch_lines(["*OK: no regressions against*graph-baseline.json*"])
+
+    pytester.makepyfile(test_gate=GATE_SUITE.format(sizes=[1, 4]))
+    report = pytester.path / "graph.xml"
+    fewer = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-baseline={baseline}",
+                               f"--graph-report={report}")
+    fewer.assert_outcomes(passed=2)  # every test passed; the session fails on the regression
+    assert fewer.ret == pytest.ExitCode.TESTS_FAILED
+    fewer.stdout.fnmatch_lines(["*FAIL captured graphs*", "*missing: full tokens=2,reqs=2,uniform=1*",
+                                "*FAILED: 1 regression(s) against*: captured graphs*"])
+    cases = ET.parse(report).getroot().iter("testcase")
+    assert [c.get("name") for c in cases if c.find("failure") is not None] == ["Captured graphs"]
+
+
+def test_an_unreadable_baseline_fails_the_session_with_a_message(
+    pytester: pytest.Pytester, plugin_args
+) -> None:
+    pytester.makepyfile(test_gate=GATE_SUITE.format(sizes=[1]))
+    result = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", "--graph-baseline=missing.json")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*graph baseline: cannot read the baseline*missing.json*"])
