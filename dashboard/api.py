@@ -62,6 +62,16 @@ def compare() -> Response:
     return _answer(resources.compare())
 
 
+@bp.get("/jobs")
+def jobs() -> Response:
+    return _answer(resources.jobs())
+
+
+@bp.get("/ranks")
+def ranks() -> Response:
+    return _answer(resources.ranks())
+
+
 @bp.get("/runs/<run_id>")
 def run(run_id: str) -> Response:
     return _answer(resources.run(run_id))

@@ -195,11 +195,13 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
                            "--baseline-run), or a baseline file written by --save-baseline")
     gate.add_argument("--baseline-run", metavar="ID", type=int, help="the run of a database URL baseline")
     gate.add_argument("--save-baseline", metavar="PATH",
-                      help="write the run's figures to PATH as a baseline file (JSON, to commit beside the code)")
+                      help="write the run's figures to PATH as a baseline file (JSON, to commit beside "
+                           "the code)")
     gate.add_argument("--thresholds", metavar="PATH",
                       help="thresholds file, TOML or JSON: sections such as [pool_memory] relative = 0.1")
     gate.add_argument("--threshold", metavar="NAME=VALUE", action="append", default=[],
-                      help="set one threshold, e.g. capture_time.relative=1.0 (repeatable; wins over the file)")
+                      help="set one threshold, e.g. capture_time.relative=1.0 (repeatable; wins over "
+                           "the file)")
 
 
 def _add_advise(commands: argparse._SubParsersAction) -> None:
@@ -282,7 +284,8 @@ def _add_watch(commands: argparse._SubParsersAction) -> None:
                         help="the runs' label on the dashboard (default: 'watch' and the script name)")
     parser.add_argument("--job", default=None,
                         help="the job id of the watched ranks, whose graphs are then checked against each "
-                             "other (default: torchrun's rendezvous id or SLURM's job id, from the environment)")
+                             "other (default: torchrun's rendezvous id or SLURM's job id, from the "
+                             "environment)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="the command to run, e.g. -- python their_script.py --flag")
 

@@ -80,5 +80,18 @@ def advice() -> str:
                            runs=queries().run_options(resource.data["filters"]["run"]), live=False)
 
 
+@bp.get("/jobs")
+def jobs() -> str:
+    resource = resources.jobs()
+    return render_template("jobs.html", listing=resource.data, page=resource.page, live=_any_live())
+
+
+@bp.get("/ranks")
+def ranks() -> str:
+    resource = resources.ranks()
+    data = resource.data
+    return render_template("ranks.html", job=data, live=any(r["run"]["live"] for r in data["ranks"]))
+
+
 def _any_live() -> bool:
     return bool(queries().live_run_ids())

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flask import current_app
+from flask import current_app, request
 from werkzeug.exceptions import BadRequest, NotFound
 
 from capture_core.events import ViolationKind
@@ -111,6 +111,27 @@ def runs() -> Resource:
 
 def run(raw_id: str) -> Resource:
     return _one("run", raw_id, queries().run)
+
+
+JOB_LIMIT = 200
+"""``runs.job`` is a String(200)."""
+
+
+def jobs() -> Resource:
+    page, per_page = pagination()
+    return Resource.from_page(queries().jobs(page=page, per_page=per_page))
+
+
+def ranks() -> Resource:
+    job = request.args.get("job", "").strip()
+    if not job:
+        raise BadRequest("the ranks view needs a job: ?job=JOB (the jobs: /jobs)")
+    if len(job) > JOB_LIMIT:
+        raise BadRequest(f"job must be at most {JOB_LIMIT} characters, got {len(job)}")
+    found = queries().job_ranks(job)
+    if found is None:
+        raise NotFound(f"no run of job {job!r}")
+    return Resource(found)
 
 
 def compare() -> Resource:

@@ -20,9 +20,13 @@ from typing import Any
 from sqlalchemy import Engine, case, func, select
 from sqlalchemy.orm import Session
 
+from capture_core.events import ViolationKind
 from inspector import fields
+from inspector.baseline import run_figures
+from inspector.gate import compare
 from inspector.metrics import LIVE_AFTER_S
 from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, ReplayWindow, Run, Violation
+from inspector.ranks import captured_graphs, job_runs, rank_matrix
 from inspector.rollup import Rollup
 from inspector.traffic import (
     TrafficTotals,
@@ -46,6 +50,8 @@ GRAPH_SORTS = {
 
 COMPILE_KINDS = ("compile_skip", "compile_rerecord")
 """What ``graph-inspector watch`` records of torch.compile's cudagraph trees (``compile_events``)."""
+
+RANK_DIVERGENCE = ViolationKind.RANK_DIVERGENCE.value
 
 VIOLATION_ORDER = (Violation.first_seen_at.desc(), Violation.id.desc())
 """Violations are listed newest first."""
@@ -119,7 +125,9 @@ class Queries:
             return self._run_rows(session, [run])[0] if run else None
 
     def compare_runs(self, a: int, b: int) -> dict[str, Any] | None:
-        """Two runs side by side, with a per-capture-size table of both. None if either is unknown."""
+        """Two runs side by side, with a per-capture-size table of both and the regression gate's
+        verdicts for B against A (default thresholds, as `graph-inspector report --baseline A` gives
+        them). None if either run is unknown."""
         with self._session() as session:
             run_a, run_b = session.get(Run, a), session.get(Run, b)
             if run_a is None or run_b is None:
@@ -142,8 +150,10 @@ class Queries:
                     entry = sizes.setdefault((mode, size), _size_row(mode, size))
                     entry[f"{side}_graphs"] = count
                     entry[f"{side}_pool_bytes"] = pool
+            database = self.engine.url.render_as_string(hide_password=True)
+            gate = compare(run_figures(session, a, database), run_figures(session, b, database))
         by_size = sorted(sizes.values(), key=lambda e: (e["mode"], e["captured_size"]))
-        return {"a": rows[0], "b": rows[1], "by_size": by_size}
+        return {"a": rows[0], "b": rows[1], "by_size": by_size, "gate": gate.as_dict()}
 
     def _run_rows(self, session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
         self.rollup.refresh()
@@ -174,6 +184,68 @@ class Queries:
 
     def _is_live(self, run: Run) -> bool:
         return run.ended_at is None and self._now() - run.last_seen_at <= LIVE_AFTER_S
+
+    # Ranks of a job
+
+    def jobs(self, page: int = 1, per_page: int = 50) -> Page:
+        """Distributed jobs, newest first: their ranks, and the rank divergences found in them."""
+        r = Run
+        newest = func.max(r.started_at)
+        with self._session() as session:
+            total = session.scalar(select(func.count(func.distinct(r.job))).where(r.job.is_not(None))) or 0
+            rows = session.execute(
+                select(r.job, func.count(func.distinct(r.rank)), func.max(r.world_size),
+                       func.min(r.started_at), func.max(r.last_seen_at))
+                .where(r.job.is_not(None))
+                .group_by(r.job)
+                .order_by(newest.desc(), r.job)
+                .offset((page - 1) * per_page)
+                .limit(per_page)
+            ).all()
+            divergences = dict(session.execute(
+                select(r.job, integer_sum(Violation.count))
+                .join(r, r.id == Violation.run_id)
+                .where(r.job.in_([row[0] for row in rows]), Violation.kind == RANK_DIVERGENCE)
+                .group_by(r.job)
+            ).all())
+            live = set(session.scalars(select(r.job).where(r.id.in_(self.live_run_ids()))))
+        items = [
+            {"job": job, "ranks": ranks, "world_size": world, "started_at": started, "last_seen_at": seen,
+             "live": job in live, "divergences": divergences.get(job, 0)}
+            for job, ranks, world, started, seen in rows
+        ]
+        return Page(items, page, per_page, total)
+
+    def job_ranks(self, job: str) -> dict[str, Any] | None:
+        """One job rank by rank: each rank's run (its newest), a row per graph with a cell per rank
+        (captured or not, replays, a divergence recorded for it or not), and the divergences,
+        newest first. None if no run has that job."""
+        with self._session() as session:
+            ranks = job_runs(session, job)
+            if not ranks:
+                return None
+            run_ids = [rank.run_id for rank in ranks.values()]
+            graphs = captured_graphs(session, run_ids)
+            replays = replay_totals(session, ReplayTotal.run_id, ReplayTotal.mode, ReplayTotal.descriptor_key,
+                                    run_ids=run_ids)
+            found = session.scalars(
+                select(Violation)
+                .where(Violation.run_id.in_(run_ids), Violation.kind == RANK_DIVERGENCE)
+                .order_by(*VIOLATION_ORDER)
+            ).all()
+            rank_of = {run.run_id: rank for rank, run in ranks.items()}
+            divergences = [{"rank": rank_of[v.run_id], "violation": fields.violation(v)} for v in found]
+            diverged = {(rank_of[v.run_id], v.mode, v.descriptor_key) for v in found}
+            per_run = {run_id: sum(v.count for v in found if v.run_id == run_id) for run_id in run_ids}
+            runs = self._run_rows(session, [session.get(Run, run_id) for run_id in run_ids])
+        counts = {key: traffic.replays for key, traffic in replays.items()}
+        return {
+            "job": job,
+            "world_size": max(run.world_size for run in ranks.values()),
+            "ranks": [{"run": run, "divergences": per_run[run["id"]]} for run in runs],
+            "graphs": rank_matrix(ranks, graphs, counts, diverged),
+            "divergences": divergences,
+        }
 
     # Overview
 

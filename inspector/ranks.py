@@ -132,6 +132,28 @@ def _vote(holders: Mapping[str, set[int]], ranks: Sequence[int]) -> str:
     return max(holders, key=lambda value: (len(holders[value]), lowest in holders[value]))
 
 
+def rank_matrix(runs: Mapping[int, RankRun], graphs: Mapping[int, Mapping[GraphKey, tuple]],
+                replays: Mapping[tuple[int, str, str], int], diverged: set[tuple[int, str, str]]
+                ) -> list[dict[str, Any]]:
+    """The ranks view: a row per graph key (by mode, then size) with a cell per rank: whether it
+    captured the graph, its replays (keyed by (run id, mode, key)), and whether a divergence
+    (keyed by (rank, mode, key)) was recorded for it."""
+    def size(key: GraphKey) -> int:
+        return next((held[key][0] for held in graphs.values() if key in held), 0)
+
+    keys = {key for held in graphs.values() for key in held} | {(mode, key) for _, mode, key in replays}
+    rows = []
+    for mode, key in sorted(keys, key=lambda k: (k[0], size(k), k[1])):
+        cells = [
+            {"rank": rank, "captured": (mode, key) in graphs[run.run_id],
+             "replays": replays.get((run.run_id, mode, key), 0), "diverged": (rank, mode, key) in diverged}
+            for rank, run in runs.items()
+        ]
+        rows.append({"mode": mode, "key": key, "captured_size": size((mode, key)), "cells": cells,
+                     "diverged": any(cell["diverged"] for cell in cells)})
+    return rows
+
+
 # ------------------------------------------------------------------------------ the comparisons
 
 

@@ -27,12 +27,14 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from tests.support.daemon import Daemon
+from tests.support.sample import seed_job
 
 DOCUMENT_PATH = Path(__file__).resolve().parents[2] / "dashboard" / "openapi.json"
 DOCUMENT = json.loads(DOCUMENT_PATH.read_text())
 BASE = "urn:graph-inspector:openapi"
 REGISTRY = Registry().with_resource(BASE, Resource.from_contents(DOCUMENT, default_specification=DRAFT202012))
 TOKEN = "openapi-t0k"
+JOB = "torchrun:openapi-job"
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ def in_process(app: Flask, url: str) -> Answer:
 def database(seeded_template: tuple[Path, dict[str, int]], tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("openapi") / "inspector.db"
     shutil.copyfile(seeded_template[0], path)
+    seed_job(f"sqlite:///{path}", JOB)
     return f"sqlite:///{path}"
 
 
@@ -132,6 +135,8 @@ def requests(ids: dict[str, int]) -> list[tuple[str, str]]:
         "/api/runs/{run_id}": [f"/{run}", "/999999", "/-1"],
         "/api/runs/compare": [f"?a={run}&b={ids['eager_run']}", f"?a={run}", f"?a={run}&b=999999"],
         "/api/advice": ["", f"?run={run}&max_graphs=3", "?max_size=9999", "?max_graphs=0", "?run=999999"],
+        "/api/jobs": ["", "?per_page=0"],
+        "/api/ranks": [f"?job={urllib.parse.quote(JOB)}", "?job=", "?job=nobody"],
     }
     return [(route, route.split("/{")[0] + tail) for route, tails in cases.items() for tail in tails] + [
         ("/api/openapi.json", "/api/openapi.json"), ("/healthz", "/healthz"), ("/metrics", "/metrics"),

@@ -367,3 +367,25 @@ def _bulk_violations(now: float, span: float, events: list[tuple[int, CaptureEve
             actual_address=0x7F1000000000 + i if drift else None, seen_at=t,
         )
         yield run_id, violation_key(event), PendingViolation(event, 1 + i % 3, t, t + 5)
+
+
+def seed_job(url: str, job: str = "torchrun:sample-job") -> dict[str, int]:
+    """A data-parallel job of two ranks, recorded by their own Recorders (rank 0's compares them):
+    rank 1 captured a 16-token graph where rank 0 captured 8, and at step 3 replayed 4 tokens
+    where rank 0 replayed 2. Returns the ranks' run ids."""
+    from inspector.recorder import Recorder
+
+    sizes = {0: (1, 2, 4, 8), 1: (1, 2, 4, 16)}
+    steps = [1, 2, 4, 2, 1, 4]
+    recorders = {rank: Recorder(url, label=f"dp rank {rank}", job=job, rank=rank, world_size=2,
+                                flush_interval=0.05).start() for rank in (1, 0)}
+    for rank, recorder in recorders.items():
+        for size in sizes[rank]:
+            recorder.on_capture(_capture("eager", "full", size, captured_at=time.time(),
+                                         pool_bytes=size * MIB))
+        for step, size in enumerate(steps):
+            served = 4 if rank == 1 and step == 3 else size
+            recorder.on_replay(CUDAGraphMode.FULL, _descriptor("full", served), served)
+    recorders[1].close()  # rank 0 compares once more as it closes: after rank 1 wrote everything
+    recorders[0].close()
+    return {f"rank{rank}_run": recorder.run_id or 0 for rank, recorder in recorders.items()}
