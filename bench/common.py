@@ -235,16 +235,16 @@ class Budget:
 
 
 @contextmanager
-def temporary_recorder(label: str) -> Iterator[Any]:
+def temporary_recorder(label: str, **options: Any) -> Iterator[Any]:
     """A real inspector ``Recorder`` writing into a fresh SQLite file, removed afterwards.
 
     The benchmarks measure the cache as users run it: recording, with the flush thread writing
-    replay windows every second while the steps are being timed.
+    replay windows every second while the steps are being timed. ``options`` go to the Recorder.
     """
     from inspector.recorder import Recorder
 
     with tempfile.TemporaryDirectory(prefix="graph-inspector-bench-") as tmp:
-        recorder = Recorder(f"sqlite:///{tmp}/bench.db", label=label)
+        recorder = Recorder(f"sqlite:///{tmp}/bench.db", label=label, **options)
         recorder.start()
         try:
             yield recorder

@@ -5,7 +5,9 @@ The hot path is timed as the engine calls it: one observer call per replayed bat
 descriptor objects a dispatcher makes (equal, not identical, to the captured ones), while the
 recorder's flush thread is running and writing windows into a real SQLite file. The baseline is
 an observer whose ``on_replay`` is one ``dict`` bump keyed by (mode, descriptor), the least any
-per-graph counter can do; the variants are timed interleaved in rounds, pinned to one core.
+per-graph counter can do; the variants are timed interleaved in rounds, pinned to one core. A
+rank of a job also keeps its step sequence (one list append per batch, drained and written by
+the flush thread), timed as its own variant.
 
     python3 bench/recorder_bench.py --out bench/results/recorder.json
     python3 bench/recorder_bench.py --quick --out /tmp/recorder.json     # seconds; not results
@@ -34,6 +36,7 @@ from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import vllm_default_sizes
 
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
+RANK_VARIANT = "recorder.on_replay, rank of a job (step sequence)"
 
 
 class BareCounter:
@@ -79,11 +82,12 @@ def per_event_ns(fn: Callable[[CUDAGraphMode, BatchDescriptor, int], None], even
     return (time.perf_counter_ns() - start) / len(events)
 
 
-def hot_path(recorder: Any, events: list, rounds: int) -> dict[str, Any]:
+def hot_path(recorder: Any, rank_recorder: Any, events: list, rounds: int) -> dict[str, Any]:
     variants: dict[str, Callable[..., None]] = {
         "null observer (call floor)": NullObserver().on_replay,
         "bare dict bump": BareCounter().on_replay,
         "recorder.on_replay": recorder.on_replay,
+        RANK_VARIANT: rank_recorder.on_replay,
     }
     for fn in variants.values():  # warm up: fill the dicts, settle the caches
         per_event_ns(fn, events)
@@ -196,8 +200,11 @@ def main() -> int:
     n_events = 20_000 if args.quick else 200_000
     rounds = 3 if args.quick else 15
     events = traffic(n_events)
-    with common.temporary_recorder("recorder-bench") as recorder:
-        hot = hot_path(recorder, events, rounds)
+    with (
+        common.temporary_recorder("recorder-bench", job="") as recorder,
+        common.temporary_recorder("recorder-bench rank", job="", step_sequence=True) as rank_recorder,
+    ):
+        hot = hot_path(recorder, rank_recorder, events, rounds)
     flush = flush_throughput(graphs=200 if args.quick else 2000, repeats=3 if args.quick else 10)
     storm = violation_throughput(20_000 if args.quick else 500_000)
     scrape = scrape_cost(20_000 if args.quick else 1_000_000)
@@ -205,9 +212,12 @@ def main() -> int:
     bare = hot["bare dict bump"]["median_ns"]
     ours = hot["recorder.on_replay"]["median_ns"]
     ratio = ours / bare
+    rank_ratio = hot[RANK_VARIANT]["median_ns"] / bare
     events_per_s = 1e9 / ours
     targets = [
         common.target("recorder / bare dict bump, per replay event", ratio, 1.5, unit="x"),
+        common.target("rank recorder (step sequence) / bare dict bump, per replay event", rank_ratio, 1.5,
+                      unit="x"),
         common.target("recorder ns per replay event (> 1e6 events/s on one core)", ours, 1000.0, unit=" ns"),
     ]
     notes = [
@@ -225,6 +235,7 @@ def main() -> int:
         results={
             "hot_path": hot,
             "ratio_to_bare": ratio,
+            "rank_ratio_to_bare": rank_ratio,
             "events_per_s": events_per_s,
             "flush": flush,
             "violation_storm": storm,

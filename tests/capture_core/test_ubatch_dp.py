@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from capture_core.modes import CUDAGraphMode
-from capture_core.ubatch.dp import DPCoordinationError, coordinate_batch_across_dp
+from capture_core.ubatch.dp import DPCoordination, DPCoordinationError, DPRequest, coordinate_batch_across_dp
 from capture_core.ubatch.slices import UBatchConfig
 
 FULL, PIECEWISE, NONE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE
@@ -113,6 +113,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str, timeout_case: bool) 
             )
             across = list(agreed.num_tokens_across_dp)
             answers[name] = [agreed.should_ubatch, agreed.mode.name, across, agreed.num_tokens_after_padding]
+            answers[f"{name} requests"] = [
+                [r.num_tokens_unpadded, r.num_tokens_padded, r.mode.name] for r in agreed.requests
+            ]
         if timeout_case:
             # Rank 1 skips this step's coordination: rank 0 must fail with a clear error, not hang.
             if rank == 0:
@@ -146,9 +149,11 @@ def _spawn(world: int, tmp_path: Path, timeout_case: bool = False) -> list[dict]
 @pytest.mark.parametrize("world", [2, 4])
 def test_ranks_agree_over_gloo(world: int, tmp_path: Path) -> None:
     answers = _spawn(world, tmp_path, timeout_case=(world == 2))
-    for name, (_, (ubatch, mode, across)) in SCENARIOS[world].items():
+    for name, (inputs, (ubatch, mode, across)) in SCENARIOS[world].items():
+        asked = [[real, padded, wanted.name] for real, padded, _, wanted, _ in inputs]
         for rank in range(world):
             assert answers[rank][name] == [ubatch, mode.name, list(across), across[rank]], (name, rank)
+            assert answers[rank][f"{name} requests"] == asked, (name, rank)  # every rank hears every ask
     if world == 2:
         message, seconds = answers[0]["timeout"]
         assert "rank 0 of 2" in message and "every rank must call coordinate_batch_across_dp" in message
@@ -174,6 +179,20 @@ def test_single_rank_applies_the_same_rules_locally() -> None:
     assert coordinate_batch_across_dp(2, ubatch_config=tiny, uniform_decode=True, mode=FULL).should_ubatch
     # Off by default.
     assert not coordinate_batch_across_dp(400, mode=PIECEWISE).should_ubatch
+
+
+def test_an_observer_hears_every_agreement_with_what_each_rank_asked() -> None:
+    heard: list[DPCoordination] = []
+
+    class Listener:
+        def on_dp_coordination(self, coordination: DPCoordination) -> None:
+            heard.append(coordination)
+
+    agreed = coordinate_batch_across_dp(
+        40, num_tokens_padded=48, ubatch_config=DBO, uniform_decode=True, mode=FULL, observer=Listener()
+    )
+    assert heard == [agreed]
+    assert agreed.requests == (DPRequest(40, 48, True, FULL),)
 
 
 @pytest.mark.parametrize(
