@@ -259,6 +259,10 @@ class RankCheck:
         """run id -> its graph count when the captures were last compared."""
         self._written: dict[tuple[int, str, str, str], int] = {}
         """(run id, about, mode, descriptor key) -> the violation row that records it."""
+        self._unwritten: list[Divergence] = []
+        """Found, not yet committed (the write failed: the next flush tries again)."""
+        self._pending_ids: dict[tuple[int, str, str, str], int] = {}
+        """Rows the current write made, adopted into ``_written`` once it commits."""
 
     @classmethod
     def of(cls, info: RunInfo) -> RankCheck | None:
@@ -268,25 +272,33 @@ class RankCheck:
         return None
 
     def after_flush(self, store: Store, final: bool = False) -> int:
-        """Compare what the ranks wrote since the last check; the divergences it recorded."""
+        """Compare what the ranks wrote since the last check (reading only), then record what
+        differs (writing only then); how many divergences it recorded."""
         try:
+            with store.engine.connect() as conn:
+                self._unwritten += self.check(conn, final=final)
+            if not self._unwritten:
+                return 0
+            now = time.time()
             with store.writer() as conn:
-                return self.check(conn, final=final)
+                for divergence in self._unwritten:
+                    self._write(conn, divergence, now)
+            self._adopt()
         except Exception as error:  # the engine goes on; the next flush tries again
             log.warning("graph-inspector: could not check the ranks of job %s: %s", self.job, error)
+            self._pending_ids.clear()
             return 0
+        written, self._unwritten = len(self._unwritten), []
+        return written
 
-    def check(self, conn: Connection, final: bool = False) -> int:
+    def check(self, conn: Connection, final: bool = False) -> list[Divergence]:
+        """The divergences in what the ranks wrote since the last check."""
         runs = job_runs(conn, self.job)
         if len(runs) < 2 or (len(runs) < self.world_size and not final):
-            return 0
+            return []
         run_ids = [run.run_id for run in runs.values()]
         graphs = captured_graphs(conn, run_ids)
-        found = self._captures(conn, runs, graphs, final) + self._step_divergences(conn, runs, graphs)
-        now = time.time()
-        for divergence in found:
-            self._write(conn, divergence, now)
-        return len(found)
+        return self._captures(conn, runs, graphs, final) + self._step_divergences(conn, runs, graphs)
 
     def _captures(self, conn: Connection, runs: dict[int, RankRun], graphs: dict[int, dict], final: bool
                   ) -> list[Divergence]:
@@ -329,7 +341,7 @@ class RankCheck:
 
     def _write(self, conn: Connection, divergence: Divergence, now: float) -> None:
         mine = (divergence.run_id, divergence.about, divergence.mode.label, divergence.descriptor.key)
-        known = self._written.get(mine)
+        known = self._written.get(mine, self._pending_ids.get(mine))
         if known is not None:
             if divergence.about == STEPS:  # one more stretch of differing steps; a capture is once
                 add_to_violation(conn, known, 1, now)
@@ -339,8 +351,13 @@ class RankCheck:
             wrapper=f"{divergence.about} of job {self.job}", message=divergence.message, seen_at=now,
         )
         key = violation_key(event)
-        (self._written[mine],) = insert_violations(conn, divergence.run_id,
-                                                   {key: PendingViolation(event, 1, now, now)}).values()
+        (self._pending_ids[mine],) = insert_violations(conn, divergence.run_id,
+                                                       {key: PendingViolation(event, 1, now, now)}).values()
+
+    def _adopt(self) -> None:
+        """The write committed: the rows it made are known from now on."""
+        self._written.update(self._pending_ids)
+        self._pending_ids.clear()
 
 
 def _serving(conn: Connection, run_ids: Sequence[int]) -> set[int]:
