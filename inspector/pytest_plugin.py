@@ -56,6 +56,7 @@ class PluginState:
     gate: Any = None
     """The session against the baseline (an ``inspector.gate.GateResult``)."""
     gate_error: str | None = None
+    save_error: str | None = None
 
     @property
     def gathers_figures(self) -> bool:
@@ -299,7 +300,11 @@ class SessionReporter:
         figures = merge(state.figures, {"what": f"the test session ({state.tests} tests)"})
         try:
             if state.save_baseline_path is not None:
-                save_baseline(figures, state.save_baseline_path)
+                if session.exitstatus != pytest.ExitCode.OK:
+                    # A session that failed (or collected nothing) would make a baseline of too little.
+                    state.save_error = "the session failed"
+                else:
+                    save_baseline(figures, state.save_baseline_path)
             if state.baseline_path is not None:
                 thresholds = Thresholds.load(state.thresholds_path)
                 state.gate = compare(load_baseline(state.baseline_path), figures, thresholds)
@@ -332,7 +337,9 @@ class SessionReporter:
             for line in gate_lines(state.gate):
                 terminalreporter.write_line(line)
             terminalreporter.write_line(gate_verdict(state.gate), red=not state.gate.ok, green=state.gate.ok)
-        if state.save_baseline_path is not None and not state.gate_error:
+        if state.save_error:
+            terminalreporter.write_line(f"graph baseline NOT written: {state.save_error}", red=True)
+        elif state.save_baseline_path is not None and not state.gate_error:
             terminalreporter.write_line(f"graph baseline written to {state.save_baseline_path}")
         if state.report_error:
             terminalreporter.write_line(f"graph report NOT written: {state.report_error}", red=True)

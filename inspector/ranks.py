@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, select
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationEvent, ViolationKind
@@ -257,6 +257,8 @@ class RankCheck:
         self._steps = StepDivergences({}, {})
         self._compared: dict[int, int] = {}
         """run id -> its graph count when the captures were last compared."""
+        self._serving: set[int] = set()
+        """Runs seen serving batches (once serving, always: not asked again)."""
         self._written: dict[tuple[int, str, str, str], int] = {}
         """(run id, about, mode, descriptor key) -> the violation row that records it."""
         self._unwritten: list[Divergence] = []
@@ -302,8 +304,9 @@ class RankCheck:
 
     def _captures(self, conn: Connection, runs: dict[int, RankRun], graphs: dict[int, dict], final: bool
                   ) -> list[Divergence]:
-        serving = _serving(conn, [run.run_id for run in runs.values()])
-        ready = {rank: run for rank, run in runs.items() if run.ended or run.run_id in serving}
+        unknown = [run.run_id for run in runs.values() if run.run_id not in self._serving]
+        self._serving |= _serving(conn, unknown)
+        ready = {rank: run for rank, run in runs.items() if run.ended or run.run_id in self._serving}
         if len(ready) < (2 if final else len(runs)):
             return []
         counts = {run.run_id: len(graphs[run.run_id]) for run in ready.values()}
@@ -316,12 +319,10 @@ class RankCheck:
                           ) -> list[Divergence]:
         s = models.StepSequence
         by_run = {run.run_id: rank for rank, run in runs.items()}
-        ends = dict(conn.execute(
-            select(s.run_id, func.max(s.first_step + s.steps)).where(s.run_id.in_(by_run)).group_by(s.run_id)
-        ).all())
-        if len(ends) < len(runs):
+        ends = [_steps_recorded(conn, run_id) for run_id in by_run]
+        if None in ends:
             return []
-        stop = min(ends.values())
+        stop = min(end for end in ends if end is not None)
         if stop <= self.checked_to:
             return []
         sequences: dict[int, list[StepSegment]] = {rank: [] for rank in runs}
@@ -360,10 +361,20 @@ class RankCheck:
         self._pending_ids.clear()
 
 
+def _steps_recorded(conn: Connection, run_id: int) -> int | None:
+    """The step after the last one ``run_id`` recorded (None: none yet), from its newest row (an
+    index lookup, however long the run)."""
+    s = models.StepSequence
+    return conn.scalar(
+        select(s.first_step + s.steps).where(s.run_id == run_id).order_by(s.first_step.desc()).limit(1)
+    )
+
+
 def _serving(conn: Connection, run_ids: Sequence[int]) -> set[int]:
     """The runs that have served a batch (recorded a step, a replay or an eager batch): their
     capture phase is over, so their graphs can be compared."""
-    found: set[int] = set()
-    for model in (models.StepSequence, models.ReplayTotal, models.EagerTotal):
-        found.update(conn.scalars(select(model.run_id).where(model.run_id.in_(run_ids)).distinct()))
-    return found
+    return {
+        run_id for run_id in run_ids
+        if any(conn.scalar(select(model.id).where(model.run_id == run_id).limit(1)) is not None
+               for model in (models.StepSequence, models.ReplayTotal, models.EagerTotal))
+    }

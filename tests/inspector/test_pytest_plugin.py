@@ -228,7 +228,7 @@ def test_a_session_saved_as_baseline_passes_again_and_fails_without_a_size(
     pytester: pytest.Pytester, plugin_args
 ) -> None:
     baseline = pytester.path / "ci" / "graph-baseline.json"
-    pytester.makepyfile(test_gate=GATE_SUITE.format(sizes=[1, 2, 4]))
+    pytester.makepyfile(test_session_graphs=GATE_SUITE.format(sizes=[1, 2, 4]))
     saved = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-save-baseline={baseline}")
     saved.assert_outcomes(passed=2)
     saved.stdout.fnmatch_lines([f"*graph baseline written to {baseline}*"])
@@ -240,7 +240,7 @@ def test_a_session_saved_as_baseline_passes_again_and_fails_without_a_size(
     assert same.ret == pytest.ExitCode.OK
     same.stdout.fnmatch_lines(["*OK: no regressions against*graph-baseline.json*"])
 
-    pytester.makepyfile(test_gate=GATE_SUITE.format(sizes=[1, 4]))
+    pytester.makepyfile(test_session_graphs=GATE_SUITE.format(sizes=[1, 4]))
     report = pytester.path / "graph.xml"
     fewer = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-baseline={baseline}",
                                f"--graph-report={report}")
@@ -252,10 +252,20 @@ def test_a_session_saved_as_baseline_passes_again_and_fails_without_a_size(
     assert [c.get("name") for c in cases if c.find("failure") is not None] == ["Captured graphs"]
 
 
+def test_a_failing_session_writes_no_baseline(pytester: pytest.Pytester, plugin_args) -> None:
+    baseline = pytester.path / "graph-baseline.json"
+    broken = "\n\ndef test_broken():\n    assert False\n"
+    pytester.makepyfile(test_session_graphs=GATE_SUITE.format(sizes=[1]) + broken)
+    result = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-save-baseline={baseline}")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*graph baseline NOT written: the session failed*"])
+    assert not baseline.exists()
+
+
 def test_an_unreadable_baseline_fails_the_session_with_a_message(
     pytester: pytest.Pytester, plugin_args
 ) -> None:
-    pytester.makepyfile(test_gate=GATE_SUITE.format(sizes=[1]))
+    pytester.makepyfile(test_session_graphs=GATE_SUITE.format(sizes=[1]))
     result = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", "--graph-baseline=missing.json")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*graph baseline: cannot read the baseline*missing.json*"])
