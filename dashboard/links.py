@@ -22,6 +22,8 @@ QUERY_PARAMS: dict[str, tuple[str, ...]] = {
     "runs": ("page", "per_page"),
     "compare": ("a", "b"),
     "advice": ("run", "max_graphs", "max_size"),
+    "jobs": ("page", "per_page"),
+    "ranks": ("job",),
 }
 """The query parameters of each resource (``dashboard.resources``), for its page and its JSON twin
 alike; keep it in step with what the resource reads."""

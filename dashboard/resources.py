@@ -123,14 +123,13 @@ def jobs() -> Resource:
 
 
 def ranks() -> Resource:
-    job = request.args.get("job", "").strip()
-    if not job:
-        raise BadRequest("the ranks view needs a job: ?job=JOB (the jobs: /jobs)")
-    if len(job) > JOB_LIMIT:
+    """One job rank by rank: ``?job=``, else the newest job (an empty view when there is none)."""
+    job = request.args.get("job", "").strip() or None
+    if job is not None and len(job) > JOB_LIMIT:
         raise BadRequest(f"job must be at most {JOB_LIMIT} characters, got {len(job)}")
     found = queries().job_ranks(job)
     if found is None:
-        raise NotFound(f"no run of job {job!r}")
+        raise NotFound(f"no run of job {job!r} (the jobs: /jobs)")
     return Resource(found)
 
 

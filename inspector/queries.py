@@ -216,11 +216,19 @@ class Queries:
         ]
         return Page(items, page, per_page, total)
 
-    def job_ranks(self, job: str) -> dict[str, Any] | None:
-        """One job rank by rank: each rank's run (its newest), a row per graph with a cell per rank
-        (captured or not, replays, a divergence recorded for it or not), and the divergences,
-        newest first. None if no run has that job."""
+    def job_ranks(self, job: str | None = None) -> dict[str, Any] | None:
+        """One job rank by rank (``job``, else the newest): each rank's run (its newest), a row per
+        graph with a cell per rank (captured or not, replays, a divergence recorded for it or not),
+        and the divergences, newest first. None if no run has that job; without a job and with no
+        jobs recorded, an empty view."""
         with self._session() as session:
+            if job is None:
+                job = session.scalar(
+                    select(Run.job).where(Run.job.is_not(None)).order_by(Run.started_at.desc(), Run.id.desc())
+                    .limit(1)
+                )
+                if job is None:
+                    return {"job": None, "world_size": None, "ranks": [], "graphs": [], "divergences": []}
             ranks = job_runs(session, job)
             if not ranks:
                 return None

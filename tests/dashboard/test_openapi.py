@@ -136,7 +136,7 @@ def requests(ids: dict[str, int]) -> list[tuple[str, str]]:
         "/api/runs/compare": [f"?a={run}&b={ids['eager_run']}", f"?a={run}", f"?a={run}&b=999999"],
         "/api/advice": ["", f"?run={run}&max_graphs=3", "?max_size=9999", "?max_graphs=0", "?run=999999"],
         "/api/jobs": ["", "?per_page=0"],
-        "/api/ranks": [f"?job={urllib.parse.quote(JOB)}", "?job=", "?job=nobody"],
+        "/api/ranks": [f"?job={urllib.parse.quote(JOB)}", "", f"?job={'x' * 201}", "?job=nobody"],
     }
     return [(route, route.split("/{")[0] + tail) for route, tails in cases.items() for tail in tails] + [
         ("/api/openapi.json", "/api/openapi.json"), ("/healthz", "/healthz"), ("/metrics", "/metrics"),

@@ -63,8 +63,13 @@ def test_the_ranks_view_marks_what_diverged_on_which_rank(job_client: FlaskClien
     assert "not captured" in html and "step 3: rank 1 ran full tokens=4" in html
 
 
-def test_the_ranks_view_needs_a_known_job(job_client: FlaskClient) -> None:
-    assert "needs a job" in get_error(job_client, "/api/ranks", 400)
+def test_the_ranks_view_shows_the_newest_job_and_refuses_an_unknown_one(
+    job_client: FlaskClient, client: FlaskClient
+) -> None:
+    assert get_ok(job_client, "/api/ranks")["data"]["job"] == JOB
+    empty = get_ok(client, "/api/ranks")["data"]  # the sample: two runs of no job
+    assert empty == {"job": None, "world_size": None, "ranks": [], "graphs": [], "divergences": []}
+    assert "No jobs recorded yet" in page(client, "/ranks")
     assert "no run of job 'nobody'" in get_error(job_client, "/api/ranks?job=nobody", 404)
     assert "at most 200 characters" in get_error(job_client, f"/api/ranks?job={'x' * 201}", 400)
     assert job_client.get("/ranks?job=nobody").status_code == 404
