@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 from capture_core.modes import CUDAGraphMode
-from inspector.watch.identity import CallSite, CapturedInputs, capture_frames, find_call_site, named_tensors
+from inspector.watch.frames import capture_frames, find_call_site, named_tensors
+from inspector.watch.identity import CallSite, CapturedInputs
 from inspector.watch.pools import PoolId, pool_id
 from inspector.watch.watcher import PendingCapture, Watcher
 

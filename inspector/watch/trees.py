@@ -32,14 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inspector.watch.identity import (
-    COMPILED_VIA,
-    BatchShape,
-    CallSite,
-    CapturedInputs,
-    in_torch,
-    tensor_arguments,
-)
+from inspector.watch.frames import in_torch, tensor_arguments
+from inspector.watch.identity import COMPILED_VIA, BatchShape, CallSite, CapturedInputs
 
 TREES_FILE = f"_inductor{os.sep}cudagraph_trees.py"
 MANAGER_FRAMES = ("_run", "run")

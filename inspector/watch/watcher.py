@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, GraphObserver, ViolationEvent, ViolationKind
 from capture_core.modes import CUDAGraphMode
+from inspector.watch.frames import find_call_site, find_inputs, find_local_inputs, format_stack
 from inspector.watch.identity import (
     KEY_LIMIT,
     WRAPPER_LIMIT,
@@ -34,10 +35,6 @@ from inspector.watch.identity import (
     GraphIdentity,
     WatchedDescriptor,
     digest,
-    find_call_site,
-    find_inputs,
-    find_local_inputs,
-    format_stack,
 )
 from inspector.watch.pools import PoolId, PoolMeter, allocator_pool_bytes
 from inspector.watch.trees import Rerecord, TreeCapture, tree_capture

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from inspector.watch.identity import find_call_site
+from inspector.watch.frames import find_call_site
 
 
 def _frame_in(filename: str, name: str) -> types.FrameType:

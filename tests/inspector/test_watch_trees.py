@@ -15,7 +15,8 @@ import torch
 from torch._inductor.cudagraph_utils import CheckInvariantStatus, PlaceholderInfo, log_data_ptr_mismatch
 
 from capture_core.events import NullObserver
-from inspector.watch.identity import BatchShape, CallSite, GraphIdentity, capture_frames, tensor_arguments
+from inspector.watch.frames import capture_frames, tensor_arguments
+from inspector.watch.identity import BatchShape, CallSite, GraphIdentity
 from inspector.watch.trees import TreeCapture, compiled_function, moved_inputs, rerecord_of, tree_capture
 from inspector.watch.watcher import WatchedGraph, Watcher
 
