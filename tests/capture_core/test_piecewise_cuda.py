@@ -87,7 +87,10 @@ def test_piecewise_graphs_hold_pool_memory_measured_from_the_shared_pool() -> No
 def test_drift_in_a_piecewise_replay_is_reported_on_the_gpu() -> None:
     runner, log = _runner(CUDAGraphMode.PIECEWISE)
     piecewise = runner.piecewise
-    views = runner.buffers.views(8)
+    # The step's inputs written as a step writes them (the runner declares them per-step), so only
+    # the drift is wrong: positions are then passed in a fresh tensor instead of the static one.
+    ids, positions, slots = torch.arange(1, 9), torch.arange(8), torch.arange(8)
+    views = runner.buffers.load(8, input_ids=ids, positions=positions, slot_ids=slots)
     moved = views["positions"].clone()
     with torch.no_grad(), set_forward_context(CUDAGraphMode.PIECEWISE, BatchDescriptor(8)):
         piecewise(views["input_ids"], moved, views["slot_ids"], runner.kv_cache)
