@@ -3,16 +3,32 @@
 No address shows a host value baked into a graph at capture: a Python scalar argument, an
 ``.item()`` of a CPU tensor, a branch taken once on the host, a module attribute read while
 capturing. The graph replays the capture's value forever; the eager step uses today's. So on a
-sampled replay the same step also runs eagerly: before the replay, copies are made of the inputs the
-step mutates (the KV cache; every tensor input when the wrapper was not told which), the graph
-replays on the real ones, then the step runs eagerly on the copies, and the outputs and the mutated
-state are compared, with tolerances by dtype (``torch.testing``'s defaults). A difference is a
+sampled replay the same step also runs eagerly, and the outputs and what the step wrote are
+compared, with tolerances by dtype (``torch.testing``'s defaults). A difference is a
 ``replay_mismatch`` naming the graph, the output or state, the max absolute and relative error.
-The replay's results stand: the copies are dropped.
+The replay's results stand.
+
+What the step mutates (the KV cache) is the largest thing an engine holds, so it is never copied
+whole where its owner says where a step writes it (a ``Written`` region, such as each real token's
+(slot, position) of every layer's K and V planes):
+
+* before the replay, the region's values are kept, and a checksum of the whole state taken (an
+  exact sum of its bits, read once, nothing of its size allocated);
+* after the replay, the region's values are taken (what the graph wrote) and the kept ones put
+  back, and the checksum taken again: a change means the graph wrote outside the region (to a wrong
+  slot or position);
+* the eager step then runs on the real state, writes the region again, and its values are taken,
+  the kept ones put back and the checksum taken a third time: a change since the second means the
+  eager step wrote outside the region (its writes there stay); then the graph's values go back.
+
+So the extra memory is three copies of the region, proportional to the batch, and the cost an eager
+step, three reads of the state and the comparison. A mutated input without a region is copied
+whole before the replay and the eager step runs on the copy (fine for small state); with no
+mutated inputs named, every tensor input is.
 
 Which replays are sampled is ``Sampling`` (the first few of every graph, then one in N; every
-replay in debug mode). Between samples nothing of this runs; a sampled replay costs the copies, an
-eager step and the comparison (measured in ``bench/check_cost.py`` and ``bench/gpu_checks.py``).
+replay in debug mode). Between samples nothing of this runs; a sampled replay's cost is measured
+in ``bench/check_cost.py`` and ``bench/gpu_checks.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ import torch
 
 from capture_core.checks import Finding
 from capture_core.events import ViolationKind
+from capture_core.forward_context import ForwardContext
 from capture_core.inputs import InputLayout, Step, TensorInput
 
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -69,42 +86,123 @@ class Sampling:
         return self.every - (done - self.first) % self.every
 
 
+Written = Callable[[ForwardContext, tuple[Any, ...], dict[str, Any]], Any]
+"""``written(context, args, kwargs)``: where this call's step writes a mutated input (within the part
+``Compared`` picks of it, when there is one), as an index: ``state[index]`` reads those elements and
+``state[index] = values`` writes them back (slices and index tensors, as for any tensor). Declared by
+the owner of the state, from the step's own inputs: views of them are fine, the canary writes none
+of them. A name that picks several tensors (a list of per-layer caches) gives each the same index."""
+
+
+@dataclass(frozen=True)
+class MutatedInput:
+    """An input the step writes, and where (None: anywhere in it, so the canary copies it whole)."""
+
+    spec: TensorInput
+    written: Written | None = None
+
+
+class _Region:
+    """One mutated input's region on one sampled replay: its values before, the values the graph and
+    the eager step wrote there, and checksums of the whole state (before, after each, region put back)."""
+
+    def __init__(self, name: str, state: torch.Tensor, index: Any) -> None:
+        self.name, self.state, self.index = name, state, index
+        self.before = state[index]
+        self.checksums = [_bit_sum(state)]
+        self.taken: list[torch.Tensor] = []
+
+    def take(self) -> None:
+        """Keep the region's values now (what the last run wrote) and put the kept ones back."""
+        self.taken.append(self.state[self.index])
+        self.state[self.index] = self.before
+
+    def checksum(self) -> None:
+        self.checksums.append(_bit_sum(self.state))
+
+    def findings(self) -> list[Finding]:
+        """After the eager step's values are taken: the graph's go back, and what differs is said."""
+        graph_values, eager_values = self.taken
+        self.state[self.index] = graph_values
+        before, after_graph, after_eager = (int(c) for c in torch.stack(self.checksums).tolist())
+        found = _difference(self.name, graph_values, eager_values, "what the step wrote to")
+        findings = [] if found is None else [found]
+        for who, started, ended, stays in (
+            ("the graph", before, after_graph, ""),
+            ("the eager step", after_graph, after_eager, " (its writes there stay)"),
+        ):
+            if ended != started:
+                detail = (
+                    f"{who} wrote {self.name!r} outside the region this step writes (the state's "
+                    f"checksum outside it moved){stays}: a write to a wrong slot or position, or a "
+                    "region declared short of what the step writes"
+                )
+                findings.append(Finding(
+                    ViolationKind.REPLAY_MISMATCH, self.name, detail, max_abs_error=math.inf,
+                    max_rel_error=math.inf,
+                ))
+        return findings
+
+
 class CanaryRun:
-    """One sampled replay's canary: copies made before the replay, compared with it after."""
+    """One sampled replay's canary: what is kept before the replay, taken after it, and compared."""
 
     def __init__(
         self,
         layout: InputLayout,
-        mutated: Sequence[TensorInput] | None,
+        mutated: Sequence[MutatedInput] | None,
+        context: ForwardContext,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        part: Compared | None = None,
     ) -> None:
-        self.args, self.kwargs = args, kwargs
+        self.args, self.kwargs, self.part = args, kwargs, part
         self.copies: list[tuple[TensorInput, torch.Tensor]] = []
+        self.regions: list[_Region] = []
         eager_args, eager_kwargs = list(args), dict(kwargs)
-        for spec in layout.inputs if mutated is None else mutated:
+        targets = [MutatedInput(spec) for spec in layout.inputs] if mutated is None else mutated
+        for target in targets:
+            spec = target.spec
             try:
                 value = spec.read(args, kwargs)
             except (LookupError, TypeError, AttributeError):
                 continue
-            if isinstance(value, torch.Tensor):
-                clone = value.clone()
-                self.copies.append((spec, clone))
-                holder: Any = eager_args if isinstance(spec.root, int) else eager_kwargs
-                holder[spec.root] = _with(holder[spec.root], spec.steps, clone)
+            if not isinstance(value, torch.Tensor):
+                continue
+            if target.written is not None:
+                state = value if part is None else part(spec.name, value)
+                self.regions.append(_Region(spec.name, state, target.written(context, args, kwargs)))
+                continue
+            clone = value.clone()
+            self.copies.append((spec, clone))
+            holder: Any = eager_args if isinstance(spec.root, int) else eager_kwargs
+            holder[spec.root] = _with(holder[spec.root], spec.steps, clone)
         self.eager_args, self.eager_kwargs = tuple(eager_args), eager_kwargs
 
-    def compare(self, replayed: Any, eager: Any, part: Compared | None = None) -> list[Finding]:
-        """The outputs, then the mutated state, that differ between the replay and the eager step;
-        ``part`` picks what of each is compared (its padding is left out)."""
-        pairs = []
+    def replayed(self) -> None:
+        """After the replay, before the eager step: take what the graph wrote, put the state back."""
+        self._take()
+
+    def _take(self) -> None:
+        # Every region is put back before any checksum is taken: states may share storage.
+        for region in self.regions:
+            region.take()
+        for region in self.regions:
+            region.checksum()
+
+    def compare(self, replayed: Any, eager: Any) -> list[Finding]:
+        """After the eager step: the mutated state, then the outputs, that differ between the replay
+        and the eager step (a wrong write first: wrong outputs may follow from it). The graph's
+        writes go back into the state."""
+        pairs = [(spec.name, spec.read(self.args, self.kwargs), copied, "the step's effect on")
+                 for spec, copied in self.copies]
         graph_outputs = dict(_tensors(replayed, "output"))
         eager_outputs = dict(_tensors(eager, "output"))
         for name in [*graph_outputs, *(name for name in eager_outputs if name not in graph_outputs)]:
             pairs.append((name, graph_outputs.get(name), eager_outputs.get(name), "output"))
-        for spec, copied in self.copies:
-            pairs.append((spec.name, spec.read(self.args, self.kwargs), copied, "the step's effect on"))
-        findings = []
+        self._take()
+        findings = [finding for region in self.regions for finding in region.findings()]
+        part = self.part
         for name, graph_value, eager_value, what in pairs:
             both = isinstance(graph_value, torch.Tensor) and isinstance(eager_value, torch.Tensor)
             if part is not None and both:
@@ -113,6 +211,41 @@ class CanaryRun:
             if finding is not None:
                 findings.append(finding)
         return findings
+
+    def put_back(self) -> None:
+        """When the eager step failed: the graph's writes go back into the state."""
+        for region in self.regions:
+            if region.taken:
+                region.state[region.index] = region.taken[0]
+
+
+_SAME_SIZE_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_PIECE = 1 << 22
+"""Elements summed at a time where a state's bits cannot be read as 8-byte words in place."""
+
+
+def _bit_sum(state: torch.Tensor) -> torch.Tensor:
+    """A checksum of a tensor: its elements' bits read as integers and summed with wrap-around (a 0-d
+    int64 tensor on its device). Exact integer arithmetic, so the same bits give the same sum in
+    whatever order the reduction runs (no false alarm), and a write that changes elements changes it
+    unless the changes cancel exactly (two elements swapped, say). It reads the tensor once and
+    allocates nothing of its size."""
+    words = state.view(_SAME_SIZE_INTEGER.get(state.element_size(), torch.int64))
+    try:
+        return words.view(torch.int64).sum()  # 8-byte words where the layout allows: no conversion
+    except RuntimeError:
+        pieces = _pieces(words)
+        return torch.stack([piece.sum(dtype=torch.int64) for piece in pieces]).sum()
+
+
+def _pieces(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Views of ``tensor`` of at most ``_PIECE`` elements that cover it (a conversion each, bounded)."""
+    if tensor.numel() <= _PIECE or tensor.dim() == 0:
+        return [tensor]
+    row = tensor.numel() // tensor.shape[0]
+    if row <= _PIECE:
+        return list(tensor.split(_PIECE // row))
+    return [piece for sub in tensor.unbind(0) for piece in _pieces(sub)]
 
 
 def _with(value: Any, steps: tuple[Step, ...], new: Any) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from capture_core.canary import Sampling
+from capture_core.canary import MutatedInput, Sampling
 from capture_core.checks import Finding
 from capture_core.inputs import InputLayout, TensorInput
 from capture_core.stale import PerStepInputs
@@ -37,7 +37,7 @@ class ReplayChecks:
 
     ``check_inputs`` is False for a pass of segment graphs, whose segments check their own inputs;
     ``state`` and ``per_step`` are None where they do not apply. ``mutated`` are the inputs the step
-    writes (copied for the canary; None: every tensor input).
+    writes, each with where (for the canary; None: every tensor input, copied whole).
     """
 
     def __init__(
@@ -47,7 +47,7 @@ class ReplayChecks:
         check_inputs: bool,
         state: ModuleState | None,
         per_step: PerStepInputs | None,
-        mutated: Sequence[TensorInput] | None,
+        mutated: Sequence[MutatedInput] | None,
         sampling: Sampling,
     ) -> None:
         self.layout = layout

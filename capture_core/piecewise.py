@@ -35,7 +35,14 @@ from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import CaptureDecision, GraphRuntime
-from capture_core.wrapper import CanaryPart, CUDAGraphWrapper, GraphCall, GraphEntry, GraphRole
+from capture_core.wrapper import (
+    CanaryPart,
+    CUDAGraphWrapper,
+    GraphCall,
+    GraphEntry,
+    GraphRole,
+    MutatedInputs,
+)
 
 _BREAK_ATTR = "_graph_inspector_break_point"
 _PIECEWISE = CUDAGraphMode.PIECEWISE
@@ -218,7 +225,7 @@ class PiecewiseGraph:
         name: str | None = None,
         *,
         per_step_inputs: Sequence[str] = (),
-        mutated_inputs: Sequence[str] | None = None,
+        mutated_inputs: MutatedInputs = None,
         compared: CanaryPart | None = None,
     ) -> None:
         self.model = model

@@ -60,12 +60,14 @@ class StepRunner(abc.ABC):
         self._kv_name = names.name_of(len(INPUT_NAMES))
         self.graph_options: dict[str, Any] = {
             "per_step_inputs": [names.name_of(i) for i in range(len(INPUT_NAMES))],
-            "mutated_inputs": [self._kv_name],
+            "mutated_inputs": {self._kv_name: getattr(model, "kv_written", None)},
             "compared": self._real_part,
         }
         """What the runner's graph wrappers are told of the model's inputs (by the model's own
         parameter names): the token inputs are written every step, the KV cache is what a step
-        mutates, and the canary compares the real part of the logits and of the KV cache."""
+        mutates, where the model says (its ``kv_written``; a model that does not say has its cache
+        copied whole by the canary), and the canary compares the real part of the logits and of the
+        KV cache."""
 
     kv_slot_dim = 2
     """The KV cache's slot dimension, in the reference decoder's layout (layers, K/V, slots, ...)."""

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from capture_core.backends import CapturedGraph
-from capture_core.canary import CanaryRun
+from capture_core.canary import CanaryRun, MutatedInput, Written
 from capture_core.checks import AddressCheckMode, GraphCacheError, ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent
@@ -163,6 +163,9 @@ class GraphRole(enum.Enum):
 CanaryPart = Callable[[str, torch.Tensor, ForwardContext], torch.Tensor]
 """``compared(name, tensor, context)``: the part of an output or mutated input the canary compares."""
 
+MutatedInputs = Sequence[str] | Mapping[str, Written | None] | None
+"""What a step writes, for the canary: names, or names mapped to the region a call writes."""
+
 _RUNNABLE: Any = object()
 """``module`` default: the runnable itself when it is an ``nn.Module``."""
 
@@ -174,10 +177,12 @@ class CUDAGraphWrapper:
     what the wrapper's graphs are to their call (see ``GraphRole``). ``module`` is the module whose
     parameters and buffers the graphs bake in (by default the runnable, when it is one; None: no
     module). ``per_step_inputs`` names the inputs every step must write before the replay (checked
-    for ``stale_input``); ``mutated_inputs`` the inputs the step writes, which the canary copies
-    (None: every tensor input). Names are as capture records show them; a name picks that input
-    and everything inside it. ``compared(name, tensor, context)`` picks what of an output or a
-    mutated input the canary compares (default: all of it). An owner capturing on a wrapper's behalf
+    for ``stale_input``); ``mutated_inputs`` the inputs the step writes, which the canary checks:
+    names (the canary copies each whole; None: every tensor input), or names mapped to where in it
+    a call's step writes (``Written``: the canary then keeps and compares only that region, and a
+    checksum of the rest; None: copied whole). Names are as capture records show them; a name picks
+    that input and everything inside it. ``compared(name, tensor, context)`` picks what of an output
+    or a mutated input the canary compares (default: all of it). An owner capturing on a wrapper's behalf
     sets ``decision`` for the duration, instead of the wrapper asking the runtime's capture guard.
     """
 
@@ -192,7 +197,7 @@ class CUDAGraphWrapper:
         role: GraphRole = GraphRole.WHOLE,
         module: nn.Module | None = _RUNNABLE,
         per_step_inputs: Sequence[str] = (),
-        mutated_inputs: Sequence[str] | None = None,
+        mutated_inputs: MutatedInputs = None,
         compared: CanaryPart | None = None,
     ) -> None:
         if runtime_mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
@@ -209,7 +214,13 @@ class CUDAGraphWrapper:
             module = runnable if isinstance(runnable, nn.Module) else None
         self.module: nn.Module | None = module if self.reports else None
         self.per_step_inputs = tuple(per_step_inputs)
-        self.mutated_inputs = None if mutated_inputs is None else tuple(mutated_inputs)
+        if isinstance(mutated_inputs, str):
+            raise TypeError(f"mutated_inputs takes names or a mapping of names, not {mutated_inputs!r}")
+        self.mutated_inputs: dict[str, Written | None] | None = (
+            None if mutated_inputs is None
+            else dict(mutated_inputs) if isinstance(mutated_inputs, Mapping)
+            else dict.fromkeys(mutated_inputs)
+        )
         self.compared = compared
         self.decision: CaptureDecision | None = None
         self._graphs: dict[BatchDescriptor, GraphEntry] = {}
@@ -267,7 +278,8 @@ class CUDAGraphWrapper:
             runtime.observer.on_replay(context.mode, context.descriptor, context.num_real_tokens)
         canary = None
         if sampled and self.reports and (debug or runtime.canary):
-            canary = CanaryRun(checks.layout, checks.mutated, args, kwargs)
+            part = None if self.compared is None else functools.partial(self.compared, context=context)
+            canary = CanaryRun(checks.layout, checks.mutated, context, args, kwargs, part)
         graph = entry.graph
         if entry.runs_pass:
             outputs = graph.run(args, kwargs)
@@ -275,10 +287,15 @@ class CUDAGraphWrapper:
             graph.replay()
             outputs = graph.outputs
         if canary is not None:
-            with use_forward_context(None):  # the eager step runs plainly, nested wrappers included
-                eager = self.source.run_eagerly(GraphCall(context, canary.eager_args, canary.eager_kwargs))
-            part = None if self.compared is None else functools.partial(self.compared, context=context)
-            mismatches = canary.compare(outputs, eager, part)
+            canary.replayed()
+            try:  # the eager step runs plainly, nested wrappers included
+                with use_forward_context(None), torch.no_grad():
+                    call = GraphCall(context, canary.eager_args, canary.eager_kwargs)
+                    eager = self.source.run_eagerly(call)
+            except BaseException:
+                canary.put_back()
+                raise
+            mismatches = canary.compare(outputs, eager)
             if mismatches:
                 runtime.report_findings(self.name, context.mode, context.descriptor, mismatches)
         if debug and checks.per_step is not None:
@@ -313,7 +330,11 @@ class CUDAGraphWrapper:
         """What a new graph's replays are checked against, from the inputs its capture recorded."""
         try:
             per_step = layout.named(self.per_step_inputs)
-            mutated = None if self.mutated_inputs is None else layout.named(self.mutated_inputs)
+            mutated = None if self.mutated_inputs is None else [
+                MutatedInput(spec, written)
+                for name, written in self.mutated_inputs.items()
+                for spec in layout.named([name])
+            ]
         except ValueError as exc:
             raise GraphCacheError(f"wrapper {self.name!r}: {exc}") from None
         return ReplayChecks(

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from capture_core.forward_context import ForwardContext
 from capture_core.piecewise import attention_boundary
 from capture_core.reference.batch import AttentionMetadata, DecodeTensors
 from capture_core.reference.config import ModelConfig
@@ -291,6 +292,19 @@ class ReferenceDecoder(nn.Module):
         for layer in self.layers:
             hidden = layer(hidden, positions, slot_ids, kv_cache, attn_metadata)
         return self.lm_head(self.norm(hidden))
+
+    def kv_written(
+        self, context: ForwardContext, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, ...]:
+        """Where a call of this model writes its KV cache: every layer's K and V at each real token's
+        (slot, position), as an index of the cache (``kv_cache[index]`` is ``[tokens, layers, 2,
+        kv_heads, head_dim]``). The canary's region for the cache (``mutated_inputs={"kv_cache":
+        model.kv_written}``); padding rows, after the context's real tokens, are left out (they
+        write the spare padding slot)."""
+        positions = args[1] if len(args) > 1 else kwargs["positions"]
+        slot_ids = args[2] if len(args) > 2 else kwargs["slot_ids"]
+        real, every = context.num_real_tokens, slice(None)
+        return (every, every, slot_ids[:real], every, positions[:real])
 
     def new_kv_cache(self) -> torch.Tensor:
         """A zeroed static cache: [layers, 2 (K, V), max_num_seqs + 1 slots, kv_heads, max_seq_len, d].

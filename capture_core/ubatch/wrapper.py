@@ -39,7 +39,14 @@ from capture_core.ubatch.context import (
 )
 from capture_core.ubatch.slices import UBatchSlice
 from capture_core.ubatch.threads import UBatchThreads
-from capture_core.wrapper import CallableSource, CanaryPart, CUDAGraphWrapper, GraphCall, GraphEntry
+from capture_core.wrapper import (
+    CallableSource,
+    CanaryPart,
+    CUDAGraphWrapper,
+    GraphCall,
+    GraphEntry,
+    MutatedInputs,
+)
 
 FULL = CUDAGraphMode.FULL
 DEFAULT_TOKEN_INPUTS = ("input_ids", "positions", "slot_ids")
@@ -186,7 +193,7 @@ class UBatchWrapper:
         token_inputs: Sequence[str] = DEFAULT_TOKEN_INPUTS,
         handover_timeout: float = DEFAULT_HANDOVER_TIMEOUT_S,
         per_step_inputs: Sequence[str] = (),
-        mutated_inputs: Sequence[str] | None = None,
+        mutated_inputs: MutatedInputs = None,
         compared: CanaryPart | None = None,
     ) -> None:
         if handover_timeout <= 0:

@@ -1,11 +1,14 @@
-"""The replay-vs-eager canary: sampled replays run again eagerly, on copies, and are compared."""
+"""The replay-vs-eager canary: sampled replays run again eagerly (on copies, or on the real state
+with a declared region kept aside) and are compared."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
 
-from capture_core.canary import TOLERANCES, Sampling
+from capture_core.canary import _PIECE, TOLERANCES, Sampling, _bit_sum
 from capture_core.checks import ReplayMismatchError
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationKind
@@ -13,6 +16,7 @@ from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime
 from capture_core.wrapper import CUDAGraphWrapper
+from tests.support.faults import outside_region_writers
 
 FULL = CUDAGraphMode.FULL
 DESC = BatchDescriptor(4)
@@ -109,3 +113,88 @@ def test_integer_outputs_must_match_exactly(observer) -> None:
     (event,) = observer.violations
     assert event.max_abs_error == 1.0
     assert "4 of 4 elements" in event.message and "torch.int64" in event.message
+
+
+class Scatter:
+    """``state[slots] = x * scale``: a step that writes rows of a state, as a decode step writes its
+    KV cache; the rows it writes are declared (``written``), so the canary keeps only those."""
+
+    def __call__(self, x: torch.Tensor, slots: torch.Tensor, state: torch.Tensor, *, scale: float) -> Any:
+        state[slots] = x * scale
+        return state[slots].sum(1)
+
+    @staticmethod
+    def written(context, args, kwargs) -> torch.Tensor:
+        return args[1]
+
+
+def scattering(observer, **options) -> tuple:
+    runtime = GraphRuntime("eager", observer=observer, progress=False, sampling=EVERY, canary=True, **options)
+    wrapper = CUDAGraphWrapper(Scatter(), runtime, name="scatter", mutated_inputs={"state": Scatter.written})
+    x, slots, state = torch.arange(1.0, 5.0).reshape(2, 2), torch.tensor([0, 1]), torch.zeros(6, 2)
+    with runtime.capture_phase(), set_forward_context(FULL, DESC):
+        wrapper(x, slots, state, scale=1.0)
+    state.zero_()
+    return wrapper, x, slots, state
+
+
+def test_a_baked_value_written_into_the_region_is_a_mismatch_of_the_steps_writes(observer) -> None:
+    wrapper, x, slots, state = scattering(observer)
+    with set_forward_context(FULL, DESC):
+        wrapper(x, slots, state, scale=3.0)  # the graph keeps the captured 1.0
+    by_name = {v.input_name: v for v in observer.violations}
+    assert set(by_name) == {"output", "state"}
+    assert "what the step wrote to 'state' differs" in by_name["state"].message
+    assert by_name["state"].max_abs_error == pytest.approx(8.0)  # 4 * 3 - 4 * 1
+    assert not any("outside the region" in v.message for v in observer.violations)
+    # The graph's writes stand, and nothing else of the state moved.
+    assert torch.equal(state[:2], x) and not state[2:].any()
+
+
+def test_a_graph_that_writes_another_slot_moves_the_checksum_outside_the_region(observer) -> None:
+    wrapper, x, _, state = scattering(observer)
+    moved = torch.tensor([4, 5])  # a fresh slots tensor: the graph still reads the captured one
+    with set_forward_context(FULL, DESC):
+        wrapper(x, moved, state, scale=1.0)
+    found = [(v.kind, v.input_name) for v in observer.violations]
+    assert found[0] == (ViolationKind.ADDRESS_DRIFT, "slots")
+    outside = [v for v in observer.violations if "outside the region" in v.message]
+    assert len(outside) == 1 and outside_region_writers(outside) == {"the graph"}
+    assert outside[0].kind is ViolationKind.REPLAY_MISMATCH and outside[0].max_abs_error == float("inf")
+    region = next(v for v in observer.violations if "what the step wrote to 'state'" in v.message)
+    assert region.max_abs_error == pytest.approx(4.0)  # the graph left rows 4, 5 as they were
+    # What the graph did stays (rows 0 and 1), the eager step's writes to the region do not.
+    assert torch.equal(state[:2], x) and not state[2:].any()
+
+
+def test_clean_replays_with_a_region_record_nothing_and_leave_the_graphs_writes(observer) -> None:
+    wrapper, x, slots, state = scattering(observer)
+    for step in range(5):
+        x.add_(1.0)
+        slots.copy_(torch.tensor([step % 6, (step + 3) % 6]))
+        with set_forward_context(FULL, DESC):
+            wrapper(x, slots, state, scale=1.0)
+        assert torch.equal(state[slots], x)
+    assert observer.violations == []
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.uint8, torch.bool, torch.int32],
+)
+def test_the_bit_sum_sees_one_changed_element_of_any_dtype_and_reads_views_in_place(dtype) -> None:
+    whole = (torch.rand(3, 4, 5, 6) * 100).to(dtype)
+    state = whole[:, :3]  # a strided part, as the runner's comparison narrows the cache
+    before = int(_bit_sum(state))
+    assert int(_bit_sum(state.clone())) == before  # the same bits, the same sum, whatever the layout
+    whole[0, 3, 0, 0] = ~whole[0, 3, 0, 0] if dtype is torch.bool else whole[0, 3, 0, 0] + 1
+    assert int(_bit_sum(state)) == before  # outside the part
+    state[2, 2, 4, 5] = ~state[2, 2, 4, 5] if dtype is torch.bool else state[2, 2, 4, 5] + 1
+    assert int(_bit_sum(state)) != before
+
+
+def test_the_bit_sum_of_a_layout_that_cannot_be_read_as_words_goes_in_bounded_pieces(monkeypatch) -> None:
+    monkeypatch.setattr("capture_core.canary._PIECE", 7)
+    state = torch.randint(0, 255, (5, 9, 3), dtype=torch.uint8)  # 3 bytes a row: not 8-byte words
+    assert int(_bit_sum(state)) == int(state.sum(dtype=torch.int64))
+    assert _PIECE > 7  # the module's own bound is untouched outside this test

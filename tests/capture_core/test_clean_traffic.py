@@ -7,6 +7,8 @@ import random
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from capture_core.canary import Sampling
 from capture_core.mixed_runner import MixedBatchRunner
@@ -64,3 +66,70 @@ def test_clean_traffic_with_every_check_records_no_violation(kind, mode, observe
     assert observer.violations == []
     assert len(observer.replays) + len(observer.eagers) >= STEPS
     assert len(observer.replays) > STEPS // 2
+
+
+def every_replay_sampled(observer) -> GraphRuntime:
+    return GraphRuntime(
+        "eager", observer=observer, progress=False, warmup_iters=0, canary=True,
+        sampling=Sampling(first=0, every=1),
+    )
+
+
+class Allocations(TorchDispatchMode):
+    """Every fresh tensor the ops under it make (not views of their inputs), by size in bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        leaves = pytree.tree_leaves((args, kwargs))
+        given = {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor)}
+        for out in pytree.tree_leaves(result):
+            if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() not in given:
+                self.sizes.append(out.untyped_storage().nbytes())
+        return result
+
+
+class UndeclaredDecoder(ReferenceDecoder):
+    """The reference decoder without ``kv_written``: its runner cannot say where a step writes."""
+
+    kv_written = None
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["region", "whole copy"])
+def test_the_canary_keeps_a_region_the_size_of_the_batch_where_the_model_says(declared, observer) -> None:
+    config = ModelConfig.tiny(max_num_seqs=64, max_seq_len=32)
+    model = (ReferenceDecoder if declared else UndeclaredDecoder)(config, seed=7)
+    runtime = every_replay_sampled(observer)
+    runner = DecodeRunner(model, runtime, [2])
+    runner.capture()
+    inputs = (torch.tensor([3, 4]), torch.tensor([5, 9]), torch.tensor([10, 40]))
+    cache_bytes = runner.kv_cache.untyped_storage().nbytes()
+    with Allocations() as sampled:
+        runner.step(*inputs)
+    runtime.canary = False
+    with Allocations() as plain:
+        runner.step(*inputs)
+    assert observer.violations == [] and len(observer.replays) == 2
+    # Two steps (the replay and the eager one) allocate what one step does, twice, and the canary
+    # adds its copies: of the batch's region, or of the whole cache.
+    assert max(plain.sizes) < cache_bytes // 16
+    if declared:
+        assert max(sampled.sizes) == max(plain.sizes)
+        region = 2 * config.num_layers * 2 * config.num_kv_heads * config.head_dim * 4  # 2 tokens of float32
+        extra = sum(sampled.sizes) - 2 * sum(plain.sizes)
+        assert 3 * region <= extra < cache_bytes // 8
+    else:
+        assert cache_bytes in sampled.sizes  # the whole cache, copied
+
+
+@pytest.mark.parametrize("kind", RUNNERS)
+def test_every_replay_sampled_through_each_runner_records_nothing(kind, observer) -> None:
+    runtime = every_replay_sampled(observer)
+    runner = make_runner(kind, runtime)
+    runner.capture()
+    serve(runner, 60, seed=11)
+    assert observer.violations == []
+    assert len(observer.replays) >= 40

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.faults import CASES, FAULTS, IDS, KINDS, checked_graph
+from tests.support.faults import CASES, FAULTS, IDS, KINDS, checked_graph, outside_region_writers
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
@@ -41,3 +41,13 @@ def test_clean_steps_with_every_check_and_the_canary_on_every_replay_record_noth
             under_test.step()
     assert observer.violations == []
     assert len(observer.replays) == 2 * 12  # in each mode: two steps in checked_graph(), then ten
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_graph_writing_other_slots_than_declared_is_found_outside_the_region(kind, observer) -> None:
+    under_test = checked_graph(kind, observer, "always_on", policy="eager")
+    under_test.plant_baked_slot()
+    # The graph wrote elsewhere; the eager step only its declared region.
+    assert outside_region_writers(observer.violations) == {"the graph"}
+    under_test.step()  # the engine goes on, and its clean steps record nothing more
+    assert len([v for v in observer.violations if v.input_name == "kv_cache"]) == 2

@@ -1,7 +1,8 @@
 """The planted-fault suite on real CUDA graphs (marked ``cuda``: run on the H200): every fault class
 planted into a plain, a micro-batched and a piecewise graph is recorded in always-on mode and raises
-in debug mode, and the host values only a real graph bakes in (a float the model reads from itself,
-an ``.item()`` of a CPU tensor) are caught by the canary; clean steps record nothing."""
+in debug mode (a baked slot offset among them: the graph writes outside the region its step
+declares), and the host values only a real graph bakes in (a float the model reads from itself, an
+``.item()`` of a CPU tensor) are caught by the canary; clean steps record nothing."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ import pytest
 import torch
 
 from capture_core.events import ViolationKind
-from tests.support.faults import CASES, FAULTS, IDS, KINDS, GraphUnderTest, checked_graph
+from tests.support.faults import (
+    BAKED_ON_CUDA,
+    CASES,
+    FAULTS,
+    IDS,
+    KINDS,
+    GraphUnderTest,
+    checked_graph,
+    outside_region_writers,
+)
 
 pytestmark = pytest.mark.cuda
-
-BAKED_ON_CUDA = ("baked_attribute", "baked_item")
-
 
 def cuda_graph(kind: str, observer, mode: str, policy: str) -> GraphUnderTest:
     under_test = checked_graph(kind, observer, mode, policy, backend="cuda")
@@ -61,3 +68,14 @@ def test_cuda_clean_steps_with_every_check_record_nothing(kind, observer) -> Non
     torch.cuda.synchronize()
     assert observer.violations == []
     assert len(observer.replays) == 2 * 22
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_a_graph_writing_other_slots_is_found_outside_the_region(kind, observer) -> None:
+    under_test = cuda_graph(kind, observer, "always_on", policy="eager")
+    under_test.plant_baked_slot()
+    torch.cuda.synchronize()
+    assert outside_region_writers(observer.violations) == {"the graph"}
+    under_test.step()
+    torch.cuda.synchronize()
+    assert len([v for v in observer.violations if v.input_name == "kv_cache"]) == 2

@@ -231,8 +231,11 @@ def test_the_canary_confirms_a_planted_drift_computed_the_previous_step(model, o
     first, second = batch(4, seed=5), batch(4, seed=6)
     runner.step(*first)
     runner.inject_address_drift(second[0], first[1], first[2])
-    assert [(v.kind, v.input_name) for v in observer.violations][:2] == [
-        (ViolationKind.ADDRESS_DRIFT, "input_ids"), (ViolationKind.REPLAY_MISMATCH, "output"),
+    # The drift, then what the stale ids made the graph compute: the KV it wrote (a wrong write is
+    # said first), then the logits.
+    assert [(v.kind, v.input_name) for v in observer.violations][:3] == [
+        (ViolationKind.ADDRESS_DRIFT, "input_ids"), (ViolationKind.REPLAY_MISMATCH, "kv_cache"),
+        (ViolationKind.REPLAY_MISMATCH, "output"),
     ]
 
 

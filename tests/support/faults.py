@@ -40,8 +40,11 @@ FAULTS = {
     "reassigned_weight": (K.ADDRESS_DRIFT, "self.layers.0.qkv_proj.weight", AddressDriftError),
     "stale_input": (K.STALE_INPUT, "input_ids", StaleInputError),
     "baked_host_value": (K.REPLAY_MISMATCH, "output", ReplayMismatchError),
+    "baked_slot": (K.REPLAY_MISMATCH, "kv_cache", ReplayMismatchError),
     "late_wrapper": (K.UNEXPECTED_CAPTURE, None, UnexpectedCaptureError),
 }
+BAKED_ON_CUDA = ("baked_attribute", "baked_item")
+"""Host values the model reads from itself: CUDA graphs bake them in, the eager backend re-reads them."""
 CASES = [(kind, fault) for kind in KINDS for fault in FAULTS]
 IDS = [f"{kind}-{fault}" for kind, fault in CASES]
 
@@ -50,8 +53,10 @@ IDS = [f"{kind}-{fault}" for kind, fault in CASES]
 class ScaledDecoder(ReferenceDecoder):
     """The reference decoder with host values in its step, each of which a CUDA graph bakes in at
     capture: ``logit_scale``, a Python float argument; ``attribute_scale``, a float it reads from
-    itself; ``host_scale``, a CPU tensor it reads with ``.item()``. (The eager backend's replay
-    re-runs the model on its captured arguments, so it bakes only the first.)"""
+    itself; ``host_scale``, a CPU tensor it reads with ``.item()``; ``slot_offset``, a Python int
+    added to every KV slot (where this engine's share of the cache starts), so a graph captured
+    with another offset writes other slots than the step declares. (The eager backend's replay
+    re-runs the model on its captured arguments, so it bakes only the arguments.)"""
 
     def __init__(self, config: ModelConfig, seed: int = 0) -> None:
         super().__init__(config, seed)
@@ -66,9 +71,21 @@ class ScaledDecoder(ReferenceDecoder):
         kv_cache: torch.Tensor,
         attn_metadata: Any = None,
         logit_scale: float = 1.0,
+        slot_offset: int = 0,
     ) -> torch.Tensor:
-        logits = super().forward(input_ids, positions, slot_ids, kv_cache, attn_metadata)
+        logits = super().forward(input_ids, positions, slot_ids + slot_offset, kv_cache, attn_metadata)
         return logits * (logit_scale * self.attribute_scale * self.host_scale.item())
+
+    def kv_written(self, context: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The reference decoder's region, at the slots this call's ``slot_offset`` names."""
+        layers, planes, slots, heads, positions = super().kv_written(context, args, kwargs)
+        return (layers, planes, slots + kwargs.get("slot_offset", 0), heads, positions)
+
+
+def outside_region_writers(violations: list[Any]) -> set[str]:
+    """Who wrote a mutated input outside the region its step declares, by the canary's findings."""
+    outside = (v.message for v in violations if "outside the region" in v.message)
+    return {message.split(": ", 1)[1].split(" wrote")[0] for message in outside}
 
 
 def checked_graph(kind: str, observer: Any, mode: str, policy: str, backend: str = "eager") -> GraphUnderTest:
@@ -104,9 +121,10 @@ class GraphUnderTest:
     def build(
         cls, kind: str, runtime: GraphRuntime, device: str = "cpu", name: str | None = None
     ) -> GraphUnderTest:
-        config = ModelConfig.tiny(num_layers=2, max_num_seqs=SIZE, max_seq_len=32, device=device)
+        # Twice the slots a step uses: room for a step's slots moved by ``slot_offset``.
+        config = ModelConfig.tiny(num_layers=2, max_num_seqs=2 * SIZE, max_seq_len=32, device=device)
         model = ScaledDecoder(config, seed=3)
-        checked = {"per_step_inputs": INPUTS, "mutated_inputs": ["kv_cache"]}
+        checked = {"per_step_inputs": INPUTS, "mutated_inputs": {"kv_cache": model.kv_written}}
         if kind == "plain":
             wrapper: Any = CUDAGraphWrapper(model, runtime, CUDAGraphMode.FULL, name=name or kind, **checked)
         elif kind == "ubatch":
@@ -179,6 +197,11 @@ class GraphUnderTest:
     def plant_baked_host_value(self) -> torch.Tensor:
         """A Python scalar argument other than at capture: the graph replays the captured one."""
         return self.step(logit_scale=2.0)
+
+    def plant_baked_slot(self) -> torch.Tensor:
+        """A Python int that moves where the step writes the KV cache (``slot_offset``), other than at
+        capture: the graph writes the captured slots, outside the region this step declares."""
+        return self.step(slot_offset=SIZE)
 
     def plant_baked_attribute(self) -> torch.Tensor:
         """A value the model reads from itself, changed after capture (CUDA graphs bake it in)."""
