@@ -1,17 +1,27 @@
-"""The replay checks on real graphs: what a sampled replay and the canary cost a step, and how many
-false alarms clean traffic raises through each runner.
+"""The replay checks on real graphs: no false alarm over clean traffic, every planted fault caught,
+and what a sampled replay and the canary cost a step. In that order, so a short budget never cuts
+the clean traffic:
 
-* Sampled replays, on the ~60M-parameter reference decoder (bf16) at three buckets: the median step
-  time of the decode runner when no replay is sampled, when every replay is sampled (the closer
-  look: every input and every parameter and buffer re-read), and when every replay is sampled with
-  the canary on (the KV cache copied, the step run again eagerly, outputs and cache compared),
-  three runners on one model timed interleaved. What a sampled replay costs is the difference; at
-  the default schedule (one in 1,000 after the first) it is paid once per 1,000 replays.
 * Clean traffic through the decode runner, the mixed-batch runner (FULL decode graphs and PIECEWISE
-  mixed graphs) and the micro-batched decode runner, on the tiny reference decoder: at least
-  ``--replays`` replays each (10,000 by default) with every check always on and the canary on one
-  replay in 100, then a shorter run in debug mode (every check, the sentinel and the canary on
-  every replay). Every violation would be a false alarm: the target is none.
+  mixed graphs) and the micro-batched decode runner, on the tiny reference decoder: ``--replays``
+  replays each (10,000 by default) with every check always on and the canary on one replay in 100,
+  then ``--debug-replays`` in debug mode (every check, the sentinel and the canary on every replay).
+  Every violation would be a false alarm: the target is none.
+* The planted faults of the test suite (``tests/support/faults.py``: a fresh input, another layout, a
+  reassigned weight, a forgotten copy_, a baked Python scalar, a baked KV slot offset, a late second
+  model; on CUDA also a baked attribute and a baked ``.item()``) in a plain, a micro-batched and a
+  piecewise graph, always on with the default kind of schedule (the first replay sampled, then one
+  in ``--fault-every``): each fault is planted step after step until it is recorded; the figure is
+  after how many faulty steps (1 for what the guard sees, up to the schedule's gap for what only the
+  canary sees).
+* Sampled replays, on the ~60M-parameter reference decoder (bf16, a 5 GiB KV cache) at three
+  buckets: the median step time of the decode runner when no replay is sampled, when every replay
+  is sampled (the closer look: every input and every parameter and buffer re-read), and when every
+  replay is sampled with the canary on (the real tokens' KV region kept aside, the step run again
+  eagerly, outputs and region compared, the cache's checksum read three times), three runners on
+  one model timed interleaved, with the eager step alone beside them. What a sampled replay costs
+  is the difference; at the default schedule (one in 1,000 after the first) it is paid once per
+  1,000 replays.
 
     python3 bench/gpu_checks.py --out bench/results/gpu_checks.json
 
@@ -36,6 +46,7 @@ import torch
 from bench.common import (
     Budget,
     CallTimer,
+    Stats,
     base_parser,
     command_line,
     print_table,
@@ -46,13 +57,14 @@ from bench.common import (
     write_results,
 )
 from capture_core.canary import Sampling
-from capture_core.events import CaptureEvent, ViolationEvent
+from capture_core.events import CaptureEvent, ViolationEvent, ViolationKind
 from capture_core.mixed_runner import MixedBatchRunner
 from capture_core.modes import CUDAGraphMode
 from capture_core.reference import ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.runner import DecodeRunner
 from capture_core.runtime import GraphRuntime
 from capture_core.ubatch.slices import UBatchConfig
+from tests.support.faults import BAKED_ON_CUDA, FAULTS, KINDS, GraphUnderTest
 
 RUNNERS = ("decode", "mixed piecewise", "micro-batched decode")
 
@@ -85,6 +97,10 @@ def decode_inputs(config: ModelConfig, batch: int, rng: random.Random) -> tuple[
     return tuple(torch.tensor(v, dtype=torch.long, device=config.device) for v in (ids, positions, slots))
 
 
+EAGER_STEP = "the eager step alone (for reference)"
+CANARY_ON = "every replay sampled, canary on"
+
+
 def sampled_step_cost(device: torch.device, quick: bool, budget: Budget) -> list[dict[str, Any]]:
     """Median step ms with no replay sampled, every replay sampled, and sampled with the canary."""
     if quick:
@@ -96,7 +112,7 @@ def sampled_step_cost(device: torch.device, quick: bool, budget: Budget) -> list
     schedules = {
         "no replay sampled": (Sampling(first=0, every=0), False),
         "every replay sampled": (Sampling(first=0, every=1), False),
-        "every replay sampled, canary on": (Sampling(first=0, every=1), True),
+        CANARY_ON: (Sampling(first=0, every=1), True),
     }
     runners, tally = {}, Tally()
     for name, (sampling, canary) in schedules.items():
@@ -107,10 +123,14 @@ def sampled_step_cost(device: torch.device, quick: bool, budget: Budget) -> list
     timer = CallTimer(device)
     rng = random.Random(0)
     rows = []
-    for size in sizes:
+    for index, size in enumerate(sizes):
         inputs = decode_inputs(config, size, rng)
         variants = {name: (lambda r=runner, i=inputs: r.step(*i)) for name, runner in runners.items()}
-        iters = 5 if quick else Budget.reps_for(budget.share(len(sizes) + 1), 0.02, floor=10, ceiling=80)
+        variants[EAGER_STEP] = lambda i=inputs: runners["no replay sampled"].step_eager(*i)
+        # One iteration runs every variant once: two eager steps (one in the canary) and three replays.
+        eager_s = Stats.of(timer.time_calls(variants[EAGER_STEP], 3)).median / 1e3
+        share = budget.share(len(sizes) - index)
+        iters = 5 if quick else Budget.reps_for(share / 6, 2 * eager_s + 0.005, floor=5, ceiling=60)
         samples = time_interleaved(variants, timer, rounds=3 if quick else 6, iters=iters)
         medians = {name: statistics.median(values) for name, values in samples.items()}
         base = medians["no replay sampled"]
@@ -157,8 +177,10 @@ def serve(runner: Runner, tally: Tally, replays: int, seconds: float, seed: int)
 
 
 def clean_traffic(
-    device: torch.device, replays: int, debug_replays: int, budget: Budget
+    device: torch.device, replays: int, debug_replays: int, budget: Budget, reserve_s: float
 ) -> list[dict[str, Any]]:
+    """Every runner's clean traffic, always on then debug; each part may spend its share of the
+    budget less ``reserve_s`` (what the later parts need), so the replays wanted come first."""
     config = ModelConfig.tiny(max_num_seqs=32, max_seq_len=64, device=str(device))
     rows = []
     for mode, wanted, sampling in (
@@ -173,15 +195,52 @@ def clean_traffic(
             runner = make_runner(kind, runtime, config)
             runner.capture()
             parts_left = 2 * len(RUNNERS) - len(rows)
-            steps = serve(runner, tally, wanted, budget.share(parts_left), seed=index)
+            seconds = max(1.0, (budget.left - reserve_s) / parts_left)
+            started = time.perf_counter()
+            steps = serve(runner, tally, wanted, seconds, seed=index)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             kinds = Counter(v.kind.value for v in tally.violations)
             rows.append({
                 "runner": kind, "mode": mode, "steps": steps, "replays": tally.replays,
-                "eager": tally.eager,
+                "eager": tally.eager, "seconds": time.perf_counter() - started,
                 "violations": len(tally.violations), "by_kind": dict(kinds),
                 "first_violation": tally.violations[0].message if tally.violations else None,
+            })
+    return rows
+
+
+def planted_faults(device: torch.device, every: int) -> list[dict[str, Any]]:
+    """Each planted fault in each kind of graph, planted step after step until it is recorded."""
+    backend = "cuda" if device.type == "cuda" else "eager"
+    faults = {name: (kind, where) for name, (kind, where, _) in FAULTS.items()}
+    if backend == "cuda":  # host values only a real graph bakes in
+        faults.update(dict.fromkeys(BAKED_ON_CUDA, (ViolationKind.REPLAY_MISMATCH, "output")))
+    rows = []
+    for graph_kind in KINDS:
+        for fault, (kind, where) in faults.items():
+            observer = Tally()
+            runtime = GraphRuntime(
+                backend, observer=observer, progress=False, warmup_iters=1 if backend == "eager" else 2,
+                address_check="always_on", unexpected_capture="eager", canary=True,
+                sampling=Sampling(first=1, every=every),
+            )
+            under_test = GraphUnderTest.build(graph_kind, runtime, device=str(device))
+            for _ in range(2):  # clean steps: the first replay is sampled, the second is not
+                under_test.step()
+            clean = len(observer.violations)
+            faulty = 0
+            while len(observer.violations) == clean and faulty < 2 * every:
+                getattr(under_test, f"plant_{fault}")()
+                faulty += 1
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            found = observer.violations[clean] if len(observer.violations) > clean else None
+            rows.append({
+                "graph": graph_kind, "fault": fault, "expected": kind.value, "expected_name": where,
+                "caught": found is not None and (found.kind, found.input_name) == (kind, where),
+                "faulty_steps": faulty, "false_alarms_before": clean,
+                "recorded": None if found is None else f"{found.kind.value} {found.input_name}",
             })
     return rows
 
@@ -194,13 +253,25 @@ def run(args: Any) -> dict[str, Any]:
     if device.type != "cuda":
         notes.append("no CUDA here: the eager backend stands in; step times are not graph timings")
     replays, debug_replays = (100, 30) if args.quick else (args.replays, args.debug_replays)
+    every = 5 if args.quick else args.fault_every
+    traffic = clean_traffic(device, replays, debug_replays, budget, reserve_s=0.35 * args.budget_s)
+    faults = planted_faults(device, every)
     sampled = sampled_step_cost(device, args.quick, budget)
-    traffic = clean_traffic(device, replays, debug_replays, budget)
     always_on = [r for r in traffic if r["mode"] == "always_on"]
     debug = [r for r in traffic if r["mode"] == "debug"]
+    canary = {r["bucket"]: r["added_ms"] for r in sampled if r["variant"] == CANARY_ON}
     targets = [
         target("false alarms, clean always-on replays", sum(r["violations"] for r in always_on), 1),
         target("false alarms, clean debug replays", sum(r["violations"] for r in debug), 1),
+        target("planted faults not caught as planted", sum(not r["caught"] for r in faults), 1),
+        target(
+            "clean always-on replays short of those wanted",
+            sum(max(0, replays - r["replays"]) for r in always_on), 1,
+        ),
+        target(
+            "sampled canary step, ms added at the largest bucket", canary[max(canary)], 20.0, unit="ms",
+            applies=device.type == "cuda" and not args.quick,
+        ),
     ]
     short = [r for r in always_on if r["replays"] < replays]
     if short:
@@ -209,26 +280,34 @@ def run(args: Any) -> dict[str, Any]:
     config = {
         "device": str(device), "backend": "cuda" if device.type == "cuda" else "eager",
         "quick": args.quick,
-        "replays_wanted": replays, "debug_replays_wanted": debug_replays, "budget_s": args.budget_s,
-        "elapsed_s": budget.elapsed,
+        "replays_wanted": replays, "debug_replays_wanted": debug_replays, "fault_every": every,
+        "budget_s": args.budget_s, "elapsed_s": budget.elapsed,
     }
     payload = write_results(
         args.out, benchmark="gpu_checks", command=command_line(), device=device, config=config,
-        results={"sampled_step": sampled, "clean_traffic": traffic}, targets=targets, notes=notes,
+        results={"clean_traffic": traffic, "planted_faults": faults, "sampled_step": sampled},
+        targets=targets, notes=notes,
+    )
+    print_table(
+        "Clean traffic with every check on (any violation is a false alarm)",
+        ("runner", "mode", "steps", "replays", "eager", "seconds", "violations"),
+        [(r["runner"], r["mode"], r["steps"], r["replays"], r["eager"], r["seconds"], r["violations"])
+         for r in traffic],
+    )
+    for row in traffic:
+        if row["first_violation"]:
+            print(f"first violation ({row['runner']}, {row['mode']}): {row['first_violation']}")
+    print_table(
+        f"Planted faults, always on (first replay sampled, then 1 in {every}): faulty steps until recorded",
+        ("graph", "fault", "expected", "recorded first", "faulty steps", "caught"),
+        [(r["graph"], r["fault"], f"{r['expected']} {r['expected_name']}", r["recorded"], r["faulty_steps"],
+          "yes" if r["caught"] else "NO") for r in faults],
     )
     print_table(
         "A sampled replay's cost to a decode step (median ms, three runners interleaved)",
         ("bucket", "variant", "step ms", "added ms", "samples"),
         [(r["bucket"], r["variant"], r["step_ms"], r["added_ms"], r["samples"]) for r in sampled],
     )
-    print_table(
-        "Clean traffic with every check on (any violation is a false alarm)",
-        ("runner", "mode", "steps", "replays", "eager", "violations"),
-        [(r["runner"], r["mode"], r["steps"], r["replays"], r["eager"], r["violations"]) for r in traffic],
-    )
-    for row in traffic:
-        if row["first_violation"]:
-            print(f"first violation ({row['runner']}, {row['mode']}): {row['first_violation']}")
     print_targets(targets)
     for note in notes:
         print(f"note: {note}")
@@ -238,13 +317,17 @@ def run(args: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser(
-        __doc__.splitlines()[0], default_out="bench/results/gpu_checks.json", default_budget_s=150
+        __doc__.splitlines()[0], default_out="bench/results/gpu_checks.json", default_budget_s=100
     )
     parser.add_argument(
         "--replays", type=int, default=10_000, help="always-on replays a runner (default 10000)"
     )
     parser.add_argument(
         "--debug-replays", type=int, default=1_000, help="debug-mode replays a runner (default 1000)"
+    )
+    parser.add_argument(
+        "--fault-every", type=int, default=50,
+        help="the planted faults' schedule: the first replay sampled, then one in N (default 50)",
     )
     run(parser.parse_args(argv))
     return 0

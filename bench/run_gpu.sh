@@ -24,7 +24,7 @@ mkdir -p "$out"
 # expect about 6 min. The decode benchmark's torch.compile peer runs on the small model only here,
 # because its two compiles take the most time of the set; for the large model run
 # `python3 bench/gpu_decode.py --models large --compile-models large` on its own. The replay checks'
-# two (check_cost, gpu_checks: about 3 min together) take the set past 8 minutes: to stay within one
+# two (check_cost, gpu_checks: about 2.5 min together) take the set past 8 minutes: to stay within one
 # 10-minute command, run them apart with BENCH_ONLY="gpu_overhead gpu_core check_cost gpu_checks".
 benches=(
   "gpu_decode|300|--budget-s 200 --compile-models small"
@@ -35,7 +35,7 @@ benches=(
   "gpu_piecewise|180|--budget-s 50"
   "gpu_ubatch|240|--budget-s 90"
   "gpu_watch|240|--budget-s 50"
-  "gpu_checks|240|--budget-s 150"
+  "gpu_checks|200|--budget-s 100"
 )
 
 {

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.faults import FAULTS, KINDS
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -54,18 +56,30 @@ def test_check_cost_times_every_check_over_the_runner_inputs(tmp_path):
 
 
 @pytest.mark.slow
-def test_gpu_checks_quick_reports_sampled_step_costs_and_no_false_alarms(tmp_path):
+def test_gpu_checks_quick_reports_clean_traffic_first_then_every_planted_fault_and_the_costs(tmp_path):
     out = tmp_path / "gpu_checks.json"
     stdout = run_script("bench/gpu_checks.py", "--quick", "--budget-s", "120", "--out", str(out))
     payload = json.loads(out.read_text())
+    assert list(payload["results"]) == ["clean_traffic", "planted_faults", "sampled_step"]
     sampled, traffic = payload["results"]["sampled_step"], payload["results"]["clean_traffic"]
     assert {r["variant"] for r in sampled} == {
-        "no replay sampled", "every replay sampled", "every replay sampled, canary on"
+        "no replay sampled", "every replay sampled", "every replay sampled, canary on",
+        "the eager step alone (for reference)",
     }
     assert {(r["runner"], r["mode"]) for r in traffic} == {
         (runner, mode) for runner in ("decode", "mixed piecewise", "micro-batched decode")
         for mode in ("always_on", "debug")
     }
-    assert all(r["violations"] == 0 and r["replays"] > 0 for r in traffic)
-    assert all(t["met"] for t in payload["targets"])
-    assert "Clean traffic with every check on" in stdout
+    config = payload["config"]
+    wanted = {"always_on": config["replays_wanted"], "debug": config["debug_replays_wanted"]}
+    assert all(r["violations"] == 0 and r["replays"] >= wanted[r["mode"]] for r in traffic)
+    faults = payload["results"]["planted_faults"]
+    assert {(r["graph"], r["fault"]) for r in faults} == {(g, f) for g in KINDS for f in FAULTS}
+    assert all(r["caught"] and r["false_alarms_before"] == 0 for r in faults)
+    # What the guard sees is caught at the first faulty step; what only the canary sees, at the next
+    # sampled replay (one in 5 in --quick, the first two replays clean).
+    steps = {r["fault"]: r["faulty_steps"] for r in faults if r["graph"] == "plain"}
+    assert steps["address_drift"] == steps["stale_input"] == steps["late_wrapper"] == 1
+    assert steps["baked_host_value"] == steps["baked_slot"] == 4
+    assert all(t["met"] is not False for t in payload["targets"])
+    assert stdout.index("Clean traffic with every check on") < stdout.index("Planted faults")
