@@ -6,7 +6,8 @@ the clean traffic:
   mixed graphs) and the micro-batched decode runner, on the tiny reference decoder: ``--replays``
   replays each (10,000 by default) with every check always on and the canary on one replay in 100,
   then ``--debug-replays`` in debug mode (every check, the sentinel and the canary on every replay).
-  Every violation would be a false alarm: the target is none.
+  Every violation would be a false alarm: the target is none. This part may spend 65% of the budget
+  (the always-on runs three quarters of it); the others fit what is left.
 * The planted faults of the test suite (``tests/support/faults.py``: a fresh input, another layout, a
   reassigned weight, a forgotten copy_, a baked Python scalar, a baked KV slot offset, a late second
   model; on CUDA also a baked attribute and a baked ``.item()``) in a plain, a micro-batched and a
@@ -177,16 +178,19 @@ def serve(runner: Runner, tally: Tally, replays: int, seconds: float, seed: int)
 
 
 def clean_traffic(
-    device: torch.device, replays: int, debug_replays: int, budget: Budget, reserve_s: float
+    device: torch.device, replays: int, debug_replays: int, budget: Budget, seconds: float
 ) -> list[dict[str, Any]]:
-    """Every runner's clean traffic, always on then debug; each part may spend its share of the
-    budget less ``reserve_s`` (what the later parts need), so the replays wanted come first."""
+    """Every runner's clean traffic in at most ``seconds``: the always-on parts first, each with what
+    is left of three quarters of it over the always-on parts left (a fast runner leaves more for the
+    next); then the debug parts share what is left."""
     config = ModelConfig.tiny(max_num_seqs=32, max_seq_len=64, device=str(device))
-    rows = []
-    for mode, wanted, sampling in (
-        ("always_on", replays, Sampling(first=1, every=100)),
-        ("debug", debug_replays, Sampling()),
+    deadline = budget.elapsed + seconds
+    rows: list[dict[str, Any]] = []
+    for mode, wanted, sampling, share_of_time in (
+        ("always_on", replays, Sampling(first=1, every=100), 0.75),
+        ("debug", debug_replays, Sampling(), 1.0),
     ):
+        until = budget.elapsed + share_of_time * (deadline - budget.elapsed)
         for index, kind in enumerate(RUNNERS):
             tally = Tally()
             runtime = GraphRuntime(
@@ -194,10 +198,9 @@ def clean_traffic(
             )
             runner = make_runner(kind, runtime, config)
             runner.capture()
-            parts_left = 2 * len(RUNNERS) - len(rows)
-            seconds = max(1.0, (budget.left - reserve_s) / parts_left)
             started = time.perf_counter()
-            steps = serve(runner, tally, wanted, seconds, seed=index)
+            part_s = max(1.0, (until - budget.elapsed) / (len(RUNNERS) - index))
+            steps = serve(runner, tally, wanted, part_s, seed=index)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             kinds = Counter(v.kind.value for v in tally.violations)
@@ -254,7 +257,7 @@ def run(args: Any) -> dict[str, Any]:
         notes.append("no CUDA here: the eager backend stands in; step times are not graph timings")
     replays, debug_replays = (100, 30) if args.quick else (args.replays, args.debug_replays)
     every = 5 if args.quick else args.fault_every
-    traffic = clean_traffic(device, replays, debug_replays, budget, reserve_s=0.35 * args.budget_s)
+    traffic = clean_traffic(device, replays, debug_replays, budget, seconds=0.65 * args.budget_s)
     faults = planted_faults(device, every)
     sampled = sampled_step_cost(device, args.quick, budget)
     always_on = [r for r in traffic if r["mode"] == "always_on"]
