@@ -21,7 +21,7 @@ import torch
 from capture_core.descriptor import BatchDescriptor
 from capture_core.dispatcher import CUDAGraphDispatcher, Dispatch
 from capture_core.faults import plant_address_drift, plant_unexpected_capture
-from capture_core.forward_context import set_forward_context, use_forward_context
+from capture_core.forward_context import ForwardContext, set_forward_context, use_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime
 from capture_core.sizes import SizeTable
@@ -103,7 +103,13 @@ class DecodeRunner(StepRunner):
             self.graphed = UBatchWrapper(model, runtime, name=name, token_inputs=tokens, **checked)
         else:
             self.graphed = CUDAGraphWrapper(model, runtime, FULL, name=name, **self.graph_options)
+        self._decode_mode = mode.decode_mode()
         self._routes = self._route_table()
+        self._contexts = [
+            None if route is None else self._new_context(route.mode, route.descriptor, route.num_real_tokens)
+            for route in self._routes
+        ]
+        """Each route's forward context, built once (index = token count), as its route is."""
 
     def _route_table(self) -> list[Dispatch | None]:
         """Every decode batch size's dispatch, worked out once; index = token count.
@@ -140,9 +146,21 @@ class DecodeRunner(StepRunner):
     def _context(
         self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_tokens: int, attn_metadata: Any = None
     ) -> use_forward_context:
-        """The step's forward context: its micro-batches too when its bucket is micro-batched."""
+        """The step's forward context: its micro-batches too when its bucket is micro-batched (a
+        routed step's was built with its route)."""
+        if num_tokens < len(self._contexts):
+            context = self._contexts[num_tokens]
+            if context is not None and context.descriptor is descriptor and context.mode is mode:
+                return use_forward_context(context)
+        return use_forward_context(self._new_context(mode, descriptor, num_tokens))
+
+    def _new_context(
+        self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_tokens: int
+    ) -> ForwardContext:
         slices = self.ubatch_slices.get(descriptor.num_tokens) if mode is CUDAGraphMode.FULL else None
-        return set_forward_context(mode, descriptor, num_tokens, ubatch_slices=slices)
+        context = set_forward_context(mode, descriptor, num_tokens, ubatch_slices=slices).context
+        assert context is not None
+        return context
 
     def _call_graphs(
         self, mode: CUDAGraphMode, views: dict[str, torch.Tensor], attn_metadata: Any = None
@@ -166,8 +184,8 @@ class DecodeRunner(StepRunner):
         On a graph, the result is a view of the graph's static output: read it (or clone it)
         before the next step overwrites it.
         """
-        tokens = (input_ids, positions, slot_ids)
-        return self._serve(self.route(self.count_tokens(tokens)), self.mode.decode_mode(), tokens)
+        routed = self.route(_num_tokens(input_ids, positions, slot_ids))
+        return self._serve(routed, self._decode_mode, (input_ids, positions, slot_ids))
 
     def count_tokens(self, tokens: Tokens, attn_metadata: Any = None) -> int:
         """A decode step's token count: the three inputs are 1-D, of one non-zero length."""

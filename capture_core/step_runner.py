@@ -123,8 +123,10 @@ class StepRunner(abc.ABC):
         if routed.eager_reason is not None:
             self.runtime.observer.on_eager(routed.eager_reason, num_tokens, wanted)
             return self._run_eagerly(tokens, attn_metadata)
-        loaded = dict(zip(INPUT_NAMES, tokens, strict=True))
-        views = self.buffers.load(routed.descriptor.num_tokens, **loaded)
+        input_ids, positions, slot_ids = tokens  # keywords by hand: no dict built per step
+        views = self.buffers.load(
+            routed.descriptor.num_tokens, input_ids=input_ids, positions=positions, slot_ids=slot_ids
+        )
         with torch.no_grad(), self._context(routed.mode, routed.descriptor, num_tokens, attn_metadata):
             logits = self._call_graphs(routed.mode, views, attn_metadata)
         return logits[:num_tokens]

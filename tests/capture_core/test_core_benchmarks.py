@@ -83,3 +83,16 @@ def test_gpu_checks_quick_reports_clean_traffic_first_then_every_planted_fault_a
     assert steps["baked_host_value"] == steps["baked_slot"] == 4
     assert all(t["met"] is not False for t in payload["targets"])
     assert stdout.index("Clean traffic with every check on") < stdout.index("Planted faults")
+
+
+@pytest.mark.slow
+def test_runner_host_times_a_step_in_each_tree_and_mode(tmp_path):
+    out = tmp_path / "runner_host.json"
+    stdout = run_script("bench/runner_host.py", "--quick", "--against", str(REPO), "--out", str(out))
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["tree"], r["mode"], r["batch"]) for r in rows} == {
+        (tree, mode, batch) for tree in ("this tree", f"against {REPO}") for mode in ("off", "always_on")
+        for batch in (1, 4, 16)
+    }
+    assert all(0 < r["p10_us"] <= r["median_us"] <= r["p90_us"] for r in rows)
+    assert "replay stubbed" in stdout
