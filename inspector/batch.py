@@ -14,7 +14,11 @@ from typing import Any
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent
 from capture_core.modes import CUDAGraphMode
+from inspector.models import Graph
 from inspector.steps import StepSegment
+from inspector.text import column_limits, storable
+
+KEY_LIMIT = column_limits(Graph)["descriptor_key"]
 
 GraphKey = tuple[str, str]
 """(mode label, descriptor key): how a graph is found again within one run."""
@@ -30,7 +34,13 @@ EagerKey = tuple[str, Any, int]
 
 
 def graph_key(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> GraphKey:
-    return (mode.label, descriptor.key)
+    return (mode.label, stored_key(descriptor))
+
+
+def stored_key(descriptor: BatchDescriptor) -> str:
+    """The descriptor's key as ``descriptor_key`` holds it: storable, and cut with a digest so that
+    long keys sharing their start stay apart (see ``inspector.text``)."""
+    return storable(descriptor.key, KEY_LIMIT, digest=True)
 
 
 def violation_key(event: ViolationEvent) -> ViolationKey:
@@ -38,7 +48,7 @@ def violation_key(event: ViolationEvent) -> ViolationKey:
     return (
         event.kind.value,
         event.mode.label,
-        event.descriptor.key,
+        stored_key(event.descriptor),
         event.input_name,
         event.expected_address,
         event.actual_address,

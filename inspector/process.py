@@ -7,13 +7,13 @@ CUDA is up. torch is only looked at when the engine imported it.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
 import time
 from typing import Any
 
+from inspector.text import storable_json
 from inspector.writer import RunInfo
 
 
@@ -25,7 +25,10 @@ def describe_process(
     device: str | None = None,
     job: str | None = None,
 ) -> RunInfo:
-    """This process, as of now, for its run row (arguments given win over what is detected)."""
+    """This process, as of now, for its run row (arguments given win over what is detected).
+
+    The text is taken as it comes (a command line may hold surrogates for file names that are not
+    UTF-8); the writer makes it storable. ``config`` becomes JSON here, from storable parts."""
     rank, world_size = detect_rank(rank, world_size)
     return RunInfo(
         label=label,
@@ -35,7 +38,7 @@ def describe_process(
         rank=rank,
         world_size=world_size,
         device=device or detect_device(),
-        config=json.dumps(config or {}, sort_keys=True, default=str),
+        config=storable_json(config or {}),
         started_at=time.time(),
         job=detect_job(job),
     )

@@ -27,9 +27,18 @@ from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent
 from capture_core.modes import CUDAGraphMode
 from inspector import models
-from inspector.batch import FlushBatch, GraphKey, PendingViolation, TrafficWindow, ViolationKey, graph_key
+from inspector.batch import (
+    FlushBatch,
+    GraphKey,
+    PendingViolation,
+    TrafficWindow,
+    ViolationKey,
+    graph_key,
+    stored_key,
+)
 from inspector.steps import StepSegment
 from inspector.store import Store
+from inspector.text import storable_json, storable_row
 
 UNKNOWN_BACKEND = "unknown"
 
@@ -60,23 +69,18 @@ def descriptor_values(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> dict[
         "uniform": descriptor.uniform,
         "has_lora": descriptor.has_lora,
         "num_active_loras": descriptor.num_active_loras,
-        "descriptor_key": descriptor.key,
+        "descriptor_key": stored_key(descriptor),
     }
 
 
 # ------------------------------------------------------------------------------------------ runs
 
 
-RUN_TEXT_LIMITS = {"label": 200, "host": 255, "process": 500, "device": 200, "backend": 32, "job": 200}
-"""The lengths of the runs table's text columns."""
-
-
 def insert_run(conn: Connection, info: RunInfo, now: float, backend: str | None = None) -> int:
     values = asdict(info) | {"backend": backend or UNKNOWN_BACKEND, "last_seen_at": now, "dropped_events": 0}
-    for name, limit in RUN_TEXT_LIMITS.items():
-        if values[name] is not None:
-            values[name] = values[name][:limit]
-    return conn.execute(insert(models.Run).values(values).returning(models.Run.id)).scalar_one()
+    # ``config`` is JSON built from storable parts (``describe_process``): cutting it would break it.
+    row = storable_row(models.Run, values, json_columns=frozenset({"config"}))
+    return conn.execute(insert(models.Run).values(row).returning(models.Run.id)).scalar_one()
 
 
 def update_run(
@@ -92,23 +96,26 @@ def update_run(
     the backend, the dropped-event count and the end are set when given."""
     values: dict[str, object] = {"last_seen_at": now}
     if backend:
-        values["backend"] = backend[:RUN_TEXT_LIMITS["backend"]]
+        values["backend"] = backend
     if dropped_events is not None:
         values["dropped_events"] = dropped_events
     if ended_at is not None:
         values["ended_at"] = ended_at
-    conn.execute(update(models.Run).where(models.Run.id == run_id).values(**values))
+    conn.execute(update(models.Run).where(models.Run.id == run_id).values(storable_row(models.Run, values)))
 
 
 # ---------------------------------------------------------------------------------------- graphs
 
 
+GRAPH_JSON_COLUMNS = frozenset({"input_names", "input_addresses", "ubatch_slices"})
+
+
 def capture_values(run_id: int, event: CaptureEvent) -> dict[str, object]:
-    return {
+    return storable_row(models.Graph, {
         "run_id": run_id,
-        "wrapper": event.wrapper[:200],
-        "backend": event.backend[:32],
-        "input_names": json.dumps(list(event.input_names)),
+        "wrapper": event.wrapper,
+        "backend": event.backend,
+        "input_names": storable_json(list(event.input_names)),
         "input_addresses": json.dumps([int(a) for a in event.input_addresses]),
         "capture_seconds": float(event.capture_seconds),
         "pool_bytes": int(event.pool_bytes),
@@ -119,7 +126,7 @@ def capture_values(run_id: int, event: CaptureEvent) -> dict[str, object]:
         "unexpected": bool(event.unexpected),
         "captured_at": float(event.captured_at),
         **descriptor_values(event.mode, event.descriptor),
-    }
+    }, json_columns=GRAPH_JSON_COLUMNS)
 
 
 def insert_graphs(conn: Connection, run_id: int, events: Sequence[CaptureEvent]) -> dict[GraphKey, int]:
@@ -147,11 +154,11 @@ def graph_ids(conn: Connection, run_id: int, keys: Iterable[GraphKey]) -> dict[G
 
 def violation_values(run_id: int, pending: PendingViolation) -> dict[str, object]:
     event = pending.event
-    return {
+    return storable_row(models.Violation, {
         "run_id": run_id,
         "kind": event.kind.value,
-        "wrapper": event.wrapper[:200],
-        "input_name": None if event.input_name is None else event.input_name[:200],
+        "wrapper": event.wrapper,
+        "input_name": event.input_name,
         "expected_address": event.expected_address,
         "actual_address": event.actual_address,
         "message": event.message,
@@ -161,7 +168,7 @@ def violation_values(run_id: int, pending: PendingViolation) -> dict[str, object
         "first_seen_at": pending.first_seen_at,
         "last_seen_at": pending.last_seen_at,
         **descriptor_values(event.mode, event.descriptor),
-    }
+    })
 
 
 def insert_violations(
@@ -342,12 +349,12 @@ class CompileRecordable(Protocol):
 def record_compile_event(conn: Connection, run_id: int, event: CompileRecordable) -> None:
     """Repeats of one kind, function and reason in a run bump the count."""
     c = models.CompileRecord
-    function = event.function[:200]
-    key = {"run_id": run_id, "kind": event.kind.value, "function": function, "reason": event.reason}
+    key = storable_row(c, {"run_id": run_id, "kind": event.kind.value, "function": event.function,
+                           "reason": event.reason})
     known = conn.execute(select(c.id).filter_by(**key)).scalar()
     if known is None:
         seen = {"first_seen_at": event.seen_at, "last_seen_at": event.seen_at}
-        conn.execute(insert(c).values(**key, message=event.message, count=1, **seen))
+        conn.execute(insert(c).values(**key, **storable_row(c, {"message": event.message}), count=1, **seen))
     else:
         conn.execute(update(c).where(c.id == known).values(count=c.count + 1, last_seen_at=event.seen_at))
 
