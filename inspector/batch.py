@@ -14,6 +14,7 @@ from typing import Any
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent
 from capture_core.modes import CUDAGraphMode
+from inspector.losses import Losses
 from inspector.models import Graph
 from inspector.steps import StepSegment
 from inspector.text import column_limits, storable
@@ -111,12 +112,20 @@ class PendingRecords:
         known = {id(event) for event in self.all_captures}
         return self.all_captures + [event for event in self.captures if id(event) not in known]
 
-    def clear(self) -> int:
+    def clear(self) -> Losses:
         """Forget what is pending (it was committed, or is given up); how many events that was."""
-        events = len(self.captures) + sum(v.count for v in self.violations.values())
+        occurrences = sum(v.count for v in self.violations.values())
+        events = Losses(captures=len(self.captures), violations=occurrences)
         self.captures.clear()
         self.violations.clear()
         return events
+
+    def shed(self) -> Losses:
+        """Give up what is pending because the database refused it as it is (``clear``), and never
+        send those captures again."""
+        shed = {id(event) for event in self.captures}
+        self.all_captures = [event for event in self.all_captures if id(event) not in shed]
+        return self.clear()
 
 
 @dataclass
@@ -195,7 +204,8 @@ class FlushBatch:
     violations: dict[ViolationKey, PendingViolation]
     traffic: TrafficWindow
     backend: str | None
-    dropped_events: int
+    losses: Losses
+    """Everything the recorder has dropped so far (the run row keeps the running totals)."""
     ended_at: float | None = None
     steps: StepSegment | None = None
     """This rank's steps since the last committed window (ranks of a job only)."""

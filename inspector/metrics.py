@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, and_, func, select
 
+from inspector.losses import Sidecar, run_losses
 from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
 from inspector.store import Store
 from inspector.traffic import TrafficTotals, eager_totals, replay_totals, run_traffic
@@ -123,8 +124,17 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         f"{PREFIX}recorder_dropped_events_total",
         "counter",
+        ("kind",),
+        "Events recorders could not keep (database unavailable too long, pending set full, corrupt "
+        "file), as the engine reported them, by kind: replay, eager_batch, violation (occurrences), "
+        "capture (and unclassified: counted by an older version); over every run, those only a sidecar file "
+        "holds included.",
+    ),
+    MetricSpec(
+        f"{PREFIX}recorder_dropped_real_tokens_total",
+        "counter",
         (),
-        "Events recorders could not write (database unavailable too long), over every run.",
+        "Real tokens (num_real_tokens) of the replays and eager batches recorders could not keep.",
     ),
     MetricSpec(
         f"{PREFIX}database_up",
@@ -140,6 +150,9 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
 )
 SPECS = {spec.name: spec for spec in METRICS}
+DROPPED_KINDS = {"replay": "replays", "eager_batch": "eager_batches", "violation": "violations",
+                 "capture": "captures"}
+"""The ``kind`` label of the dropped-events counter -> the ``Losses`` field it counts."""
 
 
 def _family(name: str) -> Metric:
@@ -160,6 +173,7 @@ class InspectorCollector(Collector):
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.sidecar = Sidecar(store.sqlite_path)
 
     def describe(self) -> Iterator[Metric]:
         for spec in METRICS:
@@ -242,8 +256,12 @@ class InspectorCollector(Collector):
         ).scalar_one()
         for state, count in states.items():
             f[f"{PREFIX}runs"].add_metric([state], count)
-        dropped = conn.execute(select(func.coalesce(func.sum(Run.dropped_events), 0))).scalar_one()
-        f[f"{PREFIX}recorder_dropped_events_total"].add_metric([], int(dropped))
+        dropped = run_losses(conn, self.sidecar).total()
+        for kind, count in DROPPED_KINDS.items():
+            f[f"{PREFIX}recorder_dropped_events_total"].add_metric([kind], getattr(dropped, count))
+        if dropped.unclassified:  # runs recorded by an older version, which counted rows
+            f[f"{PREFIX}recorder_dropped_events_total"].add_metric(["unclassified"], dropped.unclassified)
+        f[f"{PREFIX}recorder_dropped_real_tokens_total"].add_metric([], dropped.real_tokens)
 
 
 def metrics_table_markdown() -> str:

@@ -32,6 +32,13 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+class FoldableWindow:
+    """A row of a traffic table that retention may fold (``inspector.retention``)."""
+
+    windows: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    """How many flush windows the row holds: 1 as a recorder writes it, more once folded."""
+
+
 class DescriptorColumns:
     """The BatchDescriptor's fields, flattened into every table keyed by a graph."""
 
@@ -65,7 +72,15 @@ class Run(Base):
     last_seen_at: Mapped[float] = mapped_column(Float)
     """Bumped on every flush: a run whose last_seen_at is recent and ended_at is null is live."""
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    dropped_events: Mapped[int] = mapped_column(Integer, default=0)
+    dropped_events: Mapped[int] = mapped_column(BigInteger, default=0)
+    """Events the recorder could not keep: the sum of the four kinds below (``inspector.losses``)."""
+    dropped_captures: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    dropped_violations: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Occurrences, as ``violations.count`` counts them."""
+    dropped_replays: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    dropped_eager_batches: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    dropped_real_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """The ``num_real_tokens`` of the dropped replays and eager batches."""
     job: Mapped[str | None] = mapped_column(String(200), nullable=True)
     """The distributed job the run is a rank of (torchrun's run id, SLURM's job id, or given); its
     ranks are checked against each other (``inspector.ranks``). None: not part of a known job."""
@@ -107,7 +122,7 @@ class Graph(DescriptorColumns, Base):
     )
 
 
-class ReplayWindow(DescriptorColumns, Base):
+class ReplayWindow(FoldableWindow, DescriptorColumns, Base):
     """Replays of one graph within one flush window."""
 
     __tablename__ = "replay_windows"
@@ -129,7 +144,7 @@ class ReplayWindow(DescriptorColumns, Base):
     )
 
 
-class EagerFallback(Base):
+class EagerFallback(FoldableWindow, Base):
     """Batches that ran eagerly within one flush window, by reason."""
 
     __tablename__ = "eager_fallbacks"
@@ -147,7 +162,7 @@ class EagerFallback(Base):
     __table_args__ = (Index(None, "run_id", "window_start"), Index(None, "reason"))
 
 
-class BatchSizeCount(Base):
+class BatchSizeCount(FoldableWindow, Base):
     """How many batches of each real token count arrived within one flush window."""
 
     __tablename__ = "batch_size_counts"
@@ -269,3 +284,29 @@ class CompileRecord(Base):
     last_seen_at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (Index(None, "run_id", "kind"), Index(None, "first_seen_at"))
+
+
+class WindowFold(Base):
+    """One retention transaction: a run's traffic rows in ``[range_start, range_end)`` folded into
+    windows ``grain`` seconds wide, every count kept (``inspector.retention``).
+
+    The daemon's rollup reads this table to know that rows it has summed were replaced: it skips
+    folded rows when it had read past every row a fold removed, and rebuilds otherwise.
+    """
+
+    __tablename__ = "window_folds"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    folded_at: Mapped[float] = mapped_column(Float)
+    range_start: Mapped[float] = mapped_column(Float)
+    range_end: Mapped[float] = mapped_column(Float)
+    grain: Mapped[float] = mapped_column(Float)
+    rows_removed: Mapped[int] = mapped_column(BigInteger)
+    rows_added: Mapped[int] = mapped_column(BigInteger)
+    last_replay_window_id: Mapped[int] = mapped_column(BigInteger, default=0)
+    """The newest ``replay_windows`` row the fold removed (0: none)."""
+    last_eager_fallback_id: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_batch_size_id: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    __table_args__ = (Index(None, "run_id"),)

@@ -24,6 +24,7 @@ from capture_core.events import ViolationKind
 from inspector import fields
 from inspector.baseline import run_figures
 from inspector.gate import compare
+from inspector.losses import Losses, Sidecar, run_losses
 from inspector.metrics import LIVE_AFTER_S
 from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, ReplayWindow, Run, Violation
 from inspector.ranks import captured_graphs, job_runs, rank_matrix
@@ -83,6 +84,7 @@ class Queries:
     def __init__(self, engine: Engine, *, now: Any = time.time) -> None:
         self.engine = engine
         self.rollup = Rollup(engine)
+        self.sidecar = Sidecar.of_engine(engine)
         self._now = now
 
     def _session(self) -> Session:
@@ -168,11 +170,15 @@ class Queries:
             )
         }
         traffic = traffic_per_run(session, ids)
+        dropped = run_losses(session, self.sidecar, ids).runs
         rows = []
         for run in runs:
             count, pool, capture = graph_totals.get(run.id, (0, 0, 0.0))
+            losses = dropped[run.id]
             rows.append({
                 **fields.run(run),
+                "dropped_events": losses.events,
+                "dropped": losses.as_dict(),
                 "live": self._is_live(run),
                 "graphs": count,
                 "pool_bytes": pool or 0,
@@ -181,6 +187,9 @@ class Queries:
                 "violations": sum(self.rollup.findings([run.id]).values()),
             })
         return rows
+
+    def _losses(self, session: Session, run_id: int) -> Losses:
+        return run_losses(session, self.sidecar, [run_id]).runs[run_id]
 
     def _is_live(self, run: Run) -> bool:
         return run.ended_at is None and self._now() - run.last_seen_at <= LIVE_AFTER_S
@@ -409,7 +418,10 @@ class Queries:
             slices = json.loads(graph.ubatch_slices or "[]")
             return {
                 **fields.graph(graph),
-                "run": fields.run(graph.run) | {"live": self._is_live(graph.run)},
+                "run": fields.run(graph.run) | {
+                    "live": self._is_live(graph.run),
+                    "dropped_events": self._losses(session, graph.run_id).events,
+                },
                 "warmup_iters": graph.warmup_iters,
                 "inputs": [
                     {"name": name, "address": address, "address_hex": fields.address_hex(address)}

@@ -9,9 +9,12 @@ or to an outage. Captures and violations are rare and carry full records; they a
 flush thread is woken and writes them at once.
 
 Nothing here raises into the engine once recording has started: a locked, unwritable or vanished
-database is retried with backoff (a vanished SQLite file is recreated), and what cannot be kept
-is counted in ``dropped`` and logged, and written to ``runs.dropped_events`` when the database is
-writable again. The counters assume one engine thread calls ``on_replay`` at a time.
+database is retried with backoff (a vanished SQLite file is recreated and what went into the old
+one is written again), a corrupt one is left alone, and what cannot be kept is counted as events
+(``losses``: replays, eager batches, violation occurrences, captures, real tokens), logged, and
+written to the run's row when the database is writable again; what is lost at or after ``close()``
+goes where ``inspector.losses`` says. The counters assume one engine thread calls ``on_replay`` at
+a time.
 
 A recorder that is a rank of a job (``job``, or torchrun's or SLURM's environment, and more than
 one rank) also keeps the order of its batches (``inspector.steps``: one list append per batch), and
@@ -22,12 +25,14 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sqlite3
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, FanOutObserver, NullObserver, ViolationEvent
@@ -42,11 +47,21 @@ from inspector.batch import (
     traffic_since,
 )
 from inspector.errors import DatabaseError
+from inspector.losses import Losses, RunIdentity, settle
 from inspector.process import describe_process
 from inspector.ranks import RankCheck
 from inspector.steps import StepLog
-from inspector.store import Store, StoreUnavailable, open_store, resolve_url
-from inspector.writer import RunWriter
+from inspector.store import (
+    Store,
+    StoreCorrupt,
+    StoreUnavailable,
+    StoreVanished,
+    open_store,
+    resolve_url,
+    sqlite_file,
+    translate_error,
+)
+from inspector.writer import RunWriter, update_run
 
 log = logging.getLogger("graph_inspector.recorder")
 
@@ -101,7 +116,8 @@ class Recorder:
         # Rare events, appended by the engine, drained by the flush thread.
         self._capture_queue: deque[CaptureEvent] = deque()
         self._violation_queue: deque[ViolationEvent] = deque()
-        self._dropped_on_arrival = 0
+        self._arrival_losses = Losses()
+        """Dropped by the engine's thread (queue full, or closed); the flush thread's are apart."""
         # Flush-thread state.
         self._store: Store | None = None
         self._writer: RunWriter | None = None
@@ -110,9 +126,13 @@ class Recorder:
         self._committed_eager: dict[EagerKey, int] = {}
         self._window_start = time.time()
         self._backend: str | None = None
-        self._dropped_in_flush = 0
+        self._flush_losses = Losses()
+        self._recorded_losses = Losses()
+        """The losses the run's row (or the sidecar) holds."""
         self._failures = 0
         self._retry_at = 0.0
+        self._refused: str | None = None
+        """Why this database is never written again (it is corrupt), once it is."""
         self.last_error: str | None = None
         # Coordination.
         self._wake = threading.Event()
@@ -122,6 +142,8 @@ class Recorder:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._finished = False
+        """The flush thread is done: every count it did not write since is lost after close()."""
 
     # ------------------------------------------------------------------ the observer protocol
 
@@ -169,15 +191,15 @@ class Recorder:
             steps.append(coordination)
 
     def on_capture(self, event: CaptureEvent) -> None:
-        if len(self._capture_queue) >= self.max_pending:
-            self._dropped_on_arrival += 1
+        if self._closed or len(self._capture_queue) >= self.max_pending:
+            self._arrival_losses.captures += 1
             return
         self._capture_queue.append(event)
         self._wake.set()
 
     def on_violation(self, event: ViolationEvent) -> None:
-        if len(self._violation_queue) >= self.max_pending:
-            self._dropped_on_arrival += 1
+        if self._closed or len(self._violation_queue) >= self.max_pending:
+            self._arrival_losses.violations += 1
             return
         self._violation_queue.append(event)
         self._wake.set()
@@ -186,8 +208,18 @@ class Recorder:
 
     @property
     def dropped(self) -> int:
-        """Events this recorder could not keep (it also logged them)."""
-        return self._dropped_on_arrival + self._dropped_in_flush
+        """Events this recorder could not keep (it also logged them): ``losses.events``."""
+        return self.losses.events
+
+    @property
+    def losses(self) -> Losses:
+        """What this recorder could not keep, by kind, counted as the engine reported it; after
+        ``close()``, every replay and eager batch reported since its last window too."""
+        losses = self._arrival_losses.copy()
+        losses.add(self._flush_losses)
+        if self._finished:
+            losses.add_traffic(self._take_traffic(time.time())[0])
+        return losses
 
     @property
     def run_id(self) -> int | None:
@@ -197,15 +229,20 @@ class Recorder:
     def start(self) -> Recorder:
         """Open the database (upgraded to head), write the run row, start the flush thread.
 
-        Raises ``DatabaseError`` for what retrying cannot fix (a malformed URL, a file that is not
-        this tool's database, a newer schema). A database that is merely unavailable (locked,
-        unwritable) is logged and retried in the background.
+        Raises ``DatabaseError`` for a mistake in what it was given, which retrying cannot fix (a
+        malformed URL, a file that is not this tool's database, a newer schema). A database that is
+        merely unavailable (locked, unwritable) is logged and retried in the background; a corrupt
+        one is logged, left untouched and never written, and every event is counted as dropped.
         """
         if self._thread is not None:
             return self
         try:
             self._open(time.time())
-        except (StoreUnavailable, SQLAlchemyError, OSError) as error:
+        except DatabaseError as error:
+            if not isinstance(error, (StoreUnavailable, StoreCorrupt)):
+                raise
+            self._note_failure(error, time.monotonic())
+        except Exception as error:  # whatever else goes wrong is the recorder's, never the engine's
             self._note_failure(error, time.monotonic())
         self._thread = threading.Thread(target=self._flush_loop, name="graph-inspector-recorder", daemon=True)
         self._thread.start()
@@ -214,7 +251,7 @@ class Recorder:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Write everything seen so far now; True once it is committed, False on timeout."""
-        if self._thread is None or not self._thread.is_alive():
+        if self._thread is None or not self._thread.is_alive() or self._refused:
             return False
         with self._done:
             self._flush_requested += 1
@@ -239,6 +276,7 @@ class Recorder:
             log.error(
                 "graph-inspector recorder: the final flush did not finish; %d events dropped", self.dropped
             )
+        _closed_recorders.add(self)
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -274,7 +312,7 @@ class Recorder:
                 break
             with self._done:
                 requested = self._flush_requested
-            self._drain_safely()
+            self._drain_queues()
             now = time.monotonic()
             if self._failures and now < self._retry_at:
                 continue
@@ -290,42 +328,51 @@ class Recorder:
         self._final_flush()
 
     def _final_flush(self) -> None:
-        """At close: keep retrying until ``close_timeout``, then count what is left as dropped."""
+        """At close: keep retrying until ``close_timeout``, then count what is left as dropped and
+        record what the run's row could not take (``inspector.losses``)."""
         deadline = time.monotonic() + self.close_timeout
         while True:
-            self._drain_safely()
-            if self._flush_once(include_traffic=True, ended=True):
+            self._drain_queues()
+            if committed := self._flush_once(include_traffic=True, ended=True):
                 break
-            if time.monotonic() >= deadline:
+            if self._refused or time.monotonic() >= deadline:
                 self._drop_everything()
                 break
             time.sleep(max(0.0, min(self._retry_at, deadline) - time.monotonic()))
+        self._finished = True
+        self._settle_losses("lost at close()", try_database=committed)
         with self._done:
             self._flush_completed = self._flush_requested
             self._done.notify_all()
         if self._store is not None:
             self._store.dispose()
 
-    def _drain_safely(self) -> None:
-        try:
-            self._drain_queues()
-        except Exception:  # a malformed event must not stop the recording of every later one
-            log.exception("graph-inspector recorder: could not queue an event; it was dropped")
-            self._dropped_in_flush += 1
-
     def _drain_queues(self) -> None:
         while self._capture_queue:
             event = self._capture_queue.popleft()
-            self._backend = event.backend
-            if not self._pending.add_capture(event):
-                self._drop(1, "capture")
+            if self._admit(self._pending.add_capture, event):
+                self._backend = getattr(event, "backend", self._backend)
+            else:
+                self._lose(Losses(captures=1), "a capture")
         while self._violation_queue:
-            if not self._pending.add_violation(self._violation_queue.popleft()):
-                self._drop(1, "violation")
+            if not self._admit(self._pending.add_violation, self._violation_queue.popleft()):
+                self._lose(Losses(violations=1), "a violation")
+
+    @staticmethod
+    def _admit(add: Any, event: Any) -> bool:
+        """``add(event)``: False when the pending set is full, or the event is malformed."""
+        try:
+            return bool(add(event))
+        except Exception:  # a malformed event must not stop the recording of every later one
+            log.exception("graph-inspector recorder: could not queue an event; it was dropped")
+            return False
 
     def _flush_once(self, include_traffic: bool, ended: bool) -> bool:
         """One attempt at one transaction; True when it committed."""
         wall = time.time()
+        if self._refused:
+            return False
+        batch = None
         try:
             if self._writer is not None and self._writer.store.vanished():
                 self._on_vanished()
@@ -342,15 +389,20 @@ class Recorder:
                 violations=dict(self._pending.violations),
                 traffic=traffic,
                 backend=self._backend,
-                dropped_events=self.dropped,
+                losses=self.losses,
                 ended_at=wall if ended else None,
                 steps=steps,
             )
             writer.write(batch, wall)
         except Exception as error:
+            if isinstance(error, StoreVanished):
+                self._on_vanished()
+            elif batch is not None and _refused_as_it_is(error):
+                self._shed(batch, include_traffic, error)
             self._note_failure(error, time.monotonic())
             return False
         # Committed (the queues are drained on this thread only, so nothing arrived meanwhile).
+        self._recorded_losses = batch.losses
         self._pending.clear()
         self._pending.resend_graphs = False
         if replay_counts is not None and eager_counts is not None:
@@ -379,7 +431,8 @@ class Recorder:
         return writer
 
     def _on_vanished(self) -> None:
-        assert self._store is not None
+        if self._store is None:
+            return
         log.warning(
             "graph-inspector recorder: the database file %s vanished; recording into a new one",
             self._store.sqlite_path,
@@ -387,6 +440,23 @@ class Recorder:
         self._store.dispose()
         self._store = self._writer = None
         self._pending.resend_graphs = True
+
+    def _shed(self, batch: FlushBatch, include_traffic: bool, error: BaseException) -> None:
+        """The database refused the batch as it is (a value it cannot store), which no retry can
+        change: give up its records, or, when it had none, its traffic, so the rest gets through."""
+        if batch.captures or batch.violations:
+            lost, what = self._pending.shed(), "records the database refused"
+        elif include_traffic:
+            lost, what = Losses(), "a traffic window the database refused"
+            lost.add_traffic(batch.traffic)
+            self._account_traffic()
+        else:
+            return
+        self._lose(lost, f"{what}: {error}")
+
+    def _account_traffic(self) -> None:
+        """Count every replay and eager batch so far as dealt with (written, or counted lost)."""
+        _, self._committed_replays, self._committed_eager = self._take_traffic(time.time())
 
     def _take_traffic(self, wall: float) -> tuple[TrafficWindow, dict, dict]:
         """The counts since the last commit, and the snapshot to adopt if the write commits."""
@@ -397,25 +467,93 @@ class Recorder:
         return window, replay_counts, eager_counts
 
     def _note_failure(self, error: BaseException, now: float) -> None:
+        if isinstance(error, (DBAPIError, sqlite3.Error)):
+            error = translate_error(error, self.url)
         self._failures += 1
         backoff = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (self._failures - 1))
         self._retry_at = now + backoff
-        self.last_error = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if self._failures == 1:
+        self.last_error = _first_line(error)
+        if isinstance(error, StoreCorrupt):
+            self._refuse(error)
+        elif self._failures == 1:
             log.warning(
                 "graph-inspector recorder: cannot write %s (%s); retrying with backoff",
                 self.url,
                 self.last_error,
             )
-        if isinstance(error, DatabaseError) and not isinstance(error, StoreUnavailable):
+        if isinstance(error, DatabaseError) and not isinstance(error, (StoreUnavailable, StoreCorrupt)):
             log.error("graph-inspector recorder: %s", error)
 
-    def _drop(self, count: int, what: str) -> None:
-        self._dropped_in_flush += count
-        log.error("graph-inspector recorder: dropped %d %s event(s) (%d in all)", count, what, self.dropped)
+    @property
+    def _trouble(self) -> str:
+        """Why nothing is written, in a few words for the lines that count losses."""
+        return "the database is corrupt" if self._refused else f"database unavailable: {self.last_error}"
+
+    def _refuse(self, error: StoreCorrupt) -> None:
+        if self._refused is None:
+            self._refused = str(error)
+            log.error("graph-inspector recorder: %s; nothing more is written to it, and every event is "
+                      "counted as dropped", error)
+
+    def _lose(self, lost: Losses, what: str) -> None:
+        self._flush_losses.add(lost)
+        log.error("graph-inspector recorder: dropped %s (%s); %s events dropped in all", lost.describe(),
+                  what, f"{self.dropped:,}")
 
     def _drop_everything(self) -> None:
         traffic, _, _ = self._take_traffic(time.time())
-        lost = self._pending.clear() + traffic.rows() + (self.step_log.drop() if self.step_log else 0)
+        lost = self._pending.clear()
+        lost.add_traffic(traffic)
+        self._account_traffic()
+        if self.step_log is not None:  # the order of batches counted above, not events
+            self.step_log.drop()
         if lost:
-            self._drop(lost, f"pending (database unavailable: {self.last_error})")
+            self._lose(lost, self._trouble)
+
+    def record_late_losses(self) -> None:
+        """After close(): what the engine reported since is lost; count it in the run's row, or
+        where ``inspector.losses`` says. The exit hook calls this for every closed recorder."""
+        if self._finished:
+            self._settle_losses("reported after close()", try_database=True)
+            if self._store is not None:
+                self._store.dispose()
+
+    def _settle_losses(self, why: str, *, try_database: bool) -> None:
+        """Put the losses the run's row does not hold yet where a reader finds them."""
+        writer, write_row = self._writer, None
+        if try_database and writer is not None and writer.run_id is not None and not self._refused:
+            run_id = writer.run_id
+
+            def write_row(losses: Losses) -> None:
+                with writer.store.writer() as conn:
+                    update_run(conn, run_id, time.time(), losses=losses)
+
+        who = RunIdentity(self.run_id, self.info.host, self.info.pid, self.info.started_at)
+        self._recorded_losses = settle(self.losses, self._recorded_losses, write_row=write_row,
+                                       database=sqlite_file(self.url), who=who, why=why,
+                                       trouble=self._trouble)
+
+
+_closed_recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+@atexit.register
+def _record_late_losses() -> None:
+    """Registered before any recorder's own exit hook, so it runs after them all."""
+    for recorder in list(_closed_recorders):
+        try:
+            recorder.record_late_losses()
+        except Exception:  # at exit, a log line is all there is to give
+            log.exception("graph-inspector recorder: could not record the losses after close()")
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _refused_as_it_is(error: BaseException) -> bool:
+    """The database refused a value in the batch (it would refuse it again), rather than being
+    unable to take any write now."""
+    if isinstance(error, (DataError, IntegrityError)):
+        return True
+    return not isinstance(error, (SQLAlchemyError, DatabaseError, OSError, sqlite3.Error))

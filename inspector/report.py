@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 
 from inspector.errors import UsageError
 from inspector.gate import REGRESSION, SKIPPED, Comparison, GateResult
+from inspector.losses import Losses, Sidecar, run_losses
 from inspector.models import CompileRecord, Graph, Run, Violation
 from inspector.store import Store
 from inspector.traffic import TrafficTotals, traffic_per_run
@@ -100,7 +101,8 @@ class RunSummary:
     device: str
     started_at: float
     ended_at: float | None
-    dropped_events: int
+    dropped: Losses = field(default_factory=Losses)
+    """What its recorder could not keep (its row and its sidecar lines)."""
     job: str | None = None
     graphs: int = 0
     traffic: TrafficTotals = field(default_factory=TrafficTotals)
@@ -142,6 +144,8 @@ class Report:
     runs: list[RunSummary]
     findings: list[Finding]
     compile_notes: list[CompileNote] = field(default_factory=list)
+    unattributed_losses: Losses = field(default_factory=Losses)
+    """Lost by recorders whose run is not in the database (recorded only in its sidecar file)."""
     generated_at: float = field(default_factory=time.time)
     gate: GateResult | None = None
     """The candidate run against a baseline, when one was given."""
@@ -172,7 +176,6 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
                 device=run.device,
                 started_at=run.started_at,
                 ended_at=run.ended_at,
-                dropped_events=run.dropped_events,
                 job=run.job,
             )
             for run in session.scalars(query)
@@ -188,6 +191,9 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
             runs[rid].graphs = count
         for rid, traffic in traffic_per_run(session, selected).items():
             runs[rid].traffic = traffic
+        losses = run_losses(session, Sidecar(store.sqlite_path), None if run_id is None else selected)
+        for rid, dropped in losses.runs.items():
+            runs[rid].dropped = dropped
         findings = []
         for v in session.scalars(
             select(Violation).where(Violation.run_id.in_(selected)).order_by(Violation.run_id, Violation.id)
@@ -219,7 +225,8 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
                 .order_by(CompileRecord.run_id, CompileRecord.count.desc(), CompileRecord.id)
             )
         ]
-    return Report(source=store.display_url, runs=list(runs.values()), findings=findings, compile_notes=notes)
+    return Report(source=store.display_url, runs=list(runs.values()), findings=findings, compile_notes=notes,
+                  unattributed_losses=losses.unattributed)
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -241,9 +248,14 @@ def render_text(report: Report) -> str:
             f"{traffic.replays} replays, hit ratio {_percent(traffic.hit_ratio)}, "
             f"padding waste {_percent(traffic.padding_waste)}, {run.violations} violation(s)"
         )
-        if run.dropped_events:
-            lines.append(f"    warning: the recorder dropped {run.dropped_events} event(s) in this run")
+        if run.dropped:
+            lines.append(f"    warning: the recorder dropped {run.dropped.events:,} event(s) in this run: "
+                         f"{run.dropped.describe()}")
         lines.extend(f"    {note.line}" for note in report.compile_notes if note.where == run.name)
+    if report.unattributed_losses:
+        lost = report.unattributed_losses
+        lines.append(f"  warning: recorders whose run is not in this database dropped {lost.events:,} "
+                     f"event(s): {lost.describe()} (recorded in the database's .losses file)")
     for finding in report.findings:
         lines.append("")
         lines.append(f"FAIL {finding.title}")
@@ -294,7 +306,12 @@ def render_json(report: Report) -> str:
         "ok": report.ok,
         "source": report.source,
         "generated_at": report.generated_at,
-        "runs": [asdict(run) | {"traffic": run.traffic.as_dict()} for run in report.runs],
+        "runs": [
+            asdict(run) | {"traffic": run.traffic.as_dict(), "dropped": run.dropped.as_dict(),
+                           "dropped_events": run.dropped.events}
+            for run in report.runs
+        ],
+        "unattributed_dropped": report.unattributed_losses.as_dict(),
         "violations": [finding_dict(f) for f in report.findings],
         "compile_events": [asdict(note) for note in report.compile_notes],
         "gate": None if report.gate is None else report.gate.as_dict(),

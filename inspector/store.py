@@ -8,7 +8,9 @@ committed in between.
 
 Opening never overwrites a file it does not understand: a malformed URL, a corrupt or non-SQLite
 file, another application's database or one written by a newer schema is refused with a clear
-``DatabaseError`` and left as it was.
+``DatabaseError`` and left as it was. A SQLite file is checked whole (``PRAGMA quick_check``)
+before anything writes to it or reports from it, and every write transaction checks that the file
+is still the one opened, and writable, before and after it commits (``inspector.sqlite_file``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event, exc, make_url, text
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from inspector import schema
 from inspector.errors import DatabaseError
+from inspector.sqlite_file import FileIdentity, GuardedConnection, identity, quick_check, unwritable_files
 
 ENV_VAR = "GRAPH_INSPECTOR_DB"
 DEFAULT_URL = "sqlite:///graph-inspector.db"
@@ -41,17 +43,20 @@ class StoreUnavailable(DatabaseError):
     """
 
 
+class StoreVanished(StoreUnavailable):
+    """The SQLite file was deleted or replaced under an open store: what a transaction wrote into
+    it is gone with it. A writer opens the path again and writes again."""
+
+
+class StoreCorrupt(DatabaseError):
+    """The database file is damaged. Nothing writes to it or reports from it; it is left as it was."""
+
+
 def resolve_url(url: str | None) -> str:
     """The database URL to use: the argument, else $GRAPH_INSPECTOR_DB, else the default file."""
     if url:
         return url
     return os.environ.get(ENV_VAR) or DEFAULT_URL
-
-
-@dataclass(frozen=True)
-class FileIdentity:
-    device: int
-    inode: int
 
 
 class Store:
@@ -63,7 +68,7 @@ class Store:
         self.is_sqlite = engine.dialect.name == "sqlite"
         self._writer_engine = engine.execution_options(sqlite_begin="IMMEDIATE") if self.is_sqlite else engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
-        self.sqlite_path = _sqlite_file(engine.url)
+        self.sqlite_path = sqlite_file(engine.url)
         self._identity = self.file_identity()
 
     def __repr__(self) -> str:
@@ -81,9 +86,38 @@ class Store:
 
     @contextmanager
     def writer(self) -> Iterator[Connection]:
-        """A write transaction that holds the write lock from its first statement (SQLite)."""
+        """A write transaction that holds the write lock from its first statement (SQLite).
+
+        On a SQLite file it also checks, before the transaction and again once it holds the lock,
+        that the file is still the one opened and writable (``StoreVanished``, ``StoreUnavailable``),
+        and after the commit that the file is still there: a commit into a file deleted meanwhile
+        raises ``StoreVanished``, for the caller to write again into the file at the path.
+        """
+        if self.sqlite_path is None:
+            with self._writer_engine.begin() as conn:
+                yield conn
+            return
+        self.check_file()
         with self._writer_engine.begin() as conn:
+            self.check_file()
             yield conn
+        if self.vanished():
+            raise StoreVanished(
+                f"{self.sqlite_path} was deleted or replaced while a transaction committed into it; "
+                "what it wrote went with the old file"
+            )
+
+    def check_file(self) -> None:
+        """Raise unless the SQLite file is the one opened and its files can be written."""
+        assert self.sqlite_path is not None
+        if self.vanished():
+            raise StoreVanished(f"{self.sqlite_path} was deleted or replaced since it was opened")
+        blocked = unwritable_files(self.sqlite_path)
+        if blocked:
+            names = ", ".join(path.name for path in blocked)
+            raise StoreUnavailable(
+                f"cannot write {self.display_url}: {names} cannot be written (read-only, or immutable)"
+            )
 
     def upgrade(self) -> None:
         """Upgrade to the newest schema, one process at a time, refusing foreign or newer databases."""
@@ -116,7 +150,7 @@ class Store:
                 finally:
                     self._sqlite_foreign_keys(conn, on=True)
         except exc.DBAPIError as error:
-            raise _translate(error, self.display_url) from None
+            raise translate_error(error, self.display_url) from None
 
     def _sqlite_foreign_keys(self, conn: Connection, *, on: bool) -> None:
         if self.is_sqlite:
@@ -137,18 +171,12 @@ class Store:
             with self.engine.connect() as conn:
                 revisions = schema.current_revisions(conn)
         except exc.DBAPIError as error:
-            raise _translate(error, self.display_url) from None
+            raise translate_error(error, self.display_url) from None
         return ",".join(revisions) or None
 
     def file_identity(self) -> FileIdentity | None:
         """The SQLite file's (device, inode), None when it does not exist (or is not a file DB)."""
-        if self.sqlite_path is None:
-            return None
-        try:
-            st = os.stat(self.sqlite_path)
-        except OSError:
-            return None
-        return FileIdentity(st.st_dev, st.st_ino)
+        return None if self.sqlite_path is None else identity(self.sqlite_path)
 
     def remember_identity(self) -> None:
         """Note which file this store opened (SQLite creates it on the first connection)."""
@@ -176,7 +204,7 @@ def open_store(
     """
     resolved = resolve_url(url)
     parsed = _parse(resolved)
-    path = _sqlite_file(parsed)
+    path = sqlite_file(parsed)
     shown = parsed.render_as_string(hide_password=True)
     if path is not None:
         if not path.parent.is_dir():
@@ -185,10 +213,17 @@ def open_store(
             raise DatabaseError(f"no database at {path} (record a run first, or pass --db / set {ENV_VAR})")
         if path.is_dir():
             raise DatabaseError(f"cannot open {shown}: {path} is a directory")
+    if path is not None and upgrade and unwritable_files(path):
+        names = ", ".join(p.name for p in unwritable_files(path))
+        raise StoreUnavailable(f"cannot write {shown}: {names} cannot be written (read-only, or immutable)")
     engine = _create_engine(parsed, shown, busy_timeout_ms)
     store = Store(resolved, engine)
     try:
         with engine.connect() as conn:
+            if path is not None and path.exists():
+                # Before anything writes to the file (the WAL switch, a migration) or reads it for a
+                # report: a damaged page would be written around or reported as if whole.
+                _refuse_corrupt(conn, shown)
             # Reading the schema makes SQLite read the header: a non-database file fails here,
             # before anything has written to it.
             schema.check_compatible(conn, shown)
@@ -201,7 +236,7 @@ def open_store(
                 raw.close()
     except (exc.DBAPIError, sqlite3.Error) as error:
         engine.dispose()
-        raise _translate(error, shown) from None
+        raise translate_error(error, shown) from None
     except DatabaseError:
         engine.dispose()
         raise
@@ -226,7 +261,23 @@ def _parse(url: str) -> URL:
     return parsed
 
 
-def _sqlite_file(url: URL) -> Path | None:
+def _refuse_corrupt(conn: Connection, shown: str) -> None:
+    problems = quick_check(conn)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise StoreCorrupt(
+            f"{shown} is corrupt: SQLite's quick_check found {problems[0]!r}{more}; it was left untouched. "
+            "Restore it from a backup, or point --db at a new file"
+        )
+
+
+def sqlite_file(url: URL | str) -> Path | None:
+    """The file of a SQLite URL (None for another database, an in-memory one or a malformed URL)."""
+    if isinstance(url, str):
+        try:
+            url = make_url(url)
+        except (exc.ArgumentError, ValueError):
+            return None
     if url.get_backend_name() != "sqlite":
         return None
     database = url.database or ""
@@ -236,8 +287,11 @@ def _sqlite_file(url: URL) -> Path | None:
 
 
 def _create_engine(url: URL, shown: str, busy_timeout_ms: int) -> Engine:
+    sqlite = url.get_backend_name() == "sqlite"
     try:
-        engine = create_engine(url)
+        # GuardedConnection: a connection to files that cannot be written is never closed (closing
+        # writes to them: a SIGBUS for an immutable index; see inspector.sqlite_file).
+        engine = create_engine(url, connect_args={"factory": GuardedConnection} if sqlite else {})
     except exc.NoSuchModuleError:
         raise DatabaseError(
             f"unsupported database URL {shown}: no SQLAlchemy dialect {url.drivername!r} "
@@ -273,13 +327,13 @@ def _tune_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def _translate(error: Exception, shown: str) -> DatabaseError:
+def translate_error(error: Exception, shown: str) -> DatabaseError:
     """A driver error as a message a user can act on."""
     original = getattr(error, "orig", None) or error
     message = (str(original).strip().splitlines() or [type(original).__name__])[0]
     lowered = message.lower()
     if "not a database" in lowered or "malformed" in lowered or "disk image" in lowered:
-        return DatabaseError(f"{shown} is not a readable SQLite database ({message}); it was left untouched")
+        return StoreCorrupt(f"{shown} is not a readable SQLite database ({message}); it was left untouched")
     if "locked" in lowered or "busy" in lowered:
         return StoreUnavailable(f"{shown} is locked by another process ({message})")
     if "readonly" in lowered or "read-only" in lowered or "unable to open" in lowered:

@@ -36,6 +36,7 @@ from inspector.batch import (
     graph_key,
     stored_key,
 )
+from inspector.losses import Losses
 from inspector.steps import StepSegment
 from inspector.store import Store
 from inspector.text import storable_json, storable_row
@@ -89,16 +90,16 @@ def update_run(
     now: float,
     *,
     backend: str | None = None,
-    dropped_events: int | None = None,
+    losses: Losses | None = None,
     ended_at: float | None = None,
 ) -> None:
     """What every flush does to its run: ``last_seen_at`` moves to ``now`` (the run is live), and
-    the backend, the dropped-event count and the end are set when given."""
+    the backend, what the recorder dropped so far and the end are set when given."""
     values: dict[str, object] = {"last_seen_at": now}
     if backend:
         values["backend"] = backend
-    if dropped_events is not None:
-        values["dropped_events"] = dropped_events
+    if losses is not None:
+        values.update(losses.columns())
     if ended_at is not None:
         values["ended_at"] = ended_at
     conn.execute(update(models.Run).where(models.Run.id == run_id).values(storable_row(models.Run, values)))
@@ -408,8 +409,7 @@ class RunWriter:
             totals = append_traffic(conn, run_id, [batch.traffic], ids, self.totals, now)
             if batch.steps is not None:
                 append_steps(conn, run_id, batch.steps, batch.traffic)
-            update_run(conn, run_id, now, backend=batch.backend, dropped_events=batch.dropped_events,
-                       ended_at=batch.ended_at)
+            update_run(conn, run_id, now, backend=batch.backend, losses=batch.losses, ended_at=batch.ended_at)
         # Committed: adopt what the transaction made.
         self.run_id = run_id
         self.graph_ids.update(graphs)

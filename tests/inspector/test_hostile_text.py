@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import select
-from workers import FULL, capture, drift, fetch_rows
+from workers import FULL, capture, child_env, drift, fetch_rows
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationEvent
@@ -24,8 +23,6 @@ from inspector.store import open_store
 from inspector.text import TEXT_LIMIT, cut, storable, storable_json
 from inspector.writer import record_compile_event
 
-REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
 ANY_TEXT = st.text(alphabet=st.characters(blacklist_categories=()), max_size=300)
 """Every code point, lone surrogates and NUL included."""
 
@@ -143,8 +140,7 @@ def test_a_file_name_that_is_not_utf8_on_the_command_line_is_recorded(tmp_path: 
     url = f"sqlite:///{tmp_path / 'argv.db'}"
     script = tmp_path / "engine.py"
     script.write_text(ENGINE)
-    path = os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, LC_ALL="C.UTF-8")
+    env = child_env(LC_ALL="C.UTF-8")
     result = subprocess.run([sys.executable, str(script), url, b"caf\xe9.txt"], capture_output=True, env=env,
                             timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr.decode()

@@ -86,7 +86,9 @@ def test_scrape_reports_exact_values(db_url: str) -> None:
     assert value(f"{PREFIX}padding_waste_ratio") == pytest.approx(60 / (180 + 60 + 160))
     assert value(f"{PREFIX}runs", {"state": "ended"}) == 2
     assert value(f"{PREFIX}runs", {"state": "live"}) == 0
-    assert value(f"{PREFIX}recorder_dropped_events_total") == 0
+    for kind in ("replay", "eager_batch", "violation", "capture"):
+        assert value(f"{PREFIX}recorder_dropped_events_total", {"kind": kind}) == 0
+    assert value(f"{PREFIX}recorder_dropped_real_tokens_total") == 0
     assert value(f"{PREFIX}database_up") == 1
 
 

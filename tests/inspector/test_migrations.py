@@ -8,7 +8,7 @@ from typing import Any
 from alembic import command
 from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine, inspect, text
-from workers import FULL, PIECEWISE, capture, drift
+from workers import FULL, PIECEWISE, capture, drift, fetch_rows
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.sizes import EagerReason
@@ -146,3 +146,44 @@ def test_the_ranks_migration_keeps_every_row_and_figure_and_adds_jobs(db_url: st
             '[["full tokens=4,reqs=4,uniform=1",1]]'
         ]
     engine.dispose()
+
+
+BEFORE_LOSSES = "0005_ranks"
+
+
+def test_the_losses_and_retention_migration_keeps_every_row_and_figure(db_url: str) -> None:
+    _record(db_url)
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET dropped_events = 7, dropped_replays = 7"))
+    engine.dispose()
+    rows, figures = _tables(db_url), _figures(db_url)
+    assert figures["metrics"][("graph_inspector_recorder_dropped_events_total", (("kind", "replay"),))] == 7
+
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        command.downgrade(schema.alembic_config(conn), BEFORE_LOSSES)
+    with engine.connect() as conn:
+        found = inspect(conn)
+        assert "window_folds" not in found.get_table_names()
+        assert "windows" not in {c["name"] for c in found.get_columns("replay_windows")}
+        assert conn.execute(text("SELECT dropped_events FROM runs")).scalar_one() == 7
+    engine.dispose()
+
+    store = open_store(db_url)
+    assert store.current_revision() == schema.head_revision()
+    store.dispose()
+    # What the old schema held comes back whole; the new counts start at 0 (a run recorded before
+    # counted its losses in dropped_events alone), and every window holds one flush window.
+    expected = {name: list(table) for name, table in rows.items()}
+    columns = {name: [c.name for c in table.columns] for name, table in Base.metadata.tables.items()}
+    for index, row in enumerate(expected["runs"]):
+        values = dict(zip(columns["runs"], row, strict=True)) | {"dropped_replays": 0}
+        expected["runs"][index] = tuple(values[name] for name in columns["runs"])
+    assert _tables(db_url) == expected
+    assert {w for (w,) in fetch_rows(db_url, text("SELECT windows FROM replay_windows"))} == {1}
+    after = _figures(db_url)
+    dropped = ("graph_inspector_recorder_dropped_events_total", (("kind", "unclassified"),))
+    assert after["metrics"].pop(dropped) == 7, "an older version's count is kept, though not by kind"
+    figures["metrics"][("graph_inspector_recorder_dropped_events_total", (("kind", "replay"),))] = 0
+    assert after["metrics"] == figures["metrics"] and after["summary"] == figures["summary"]

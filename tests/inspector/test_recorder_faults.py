@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import workers
 from sqlalchemy import func, select
-from workers import FULL, capture, drift, fetch_rows
+from workers import FULL, capture, child_env, drift, fetch_rows
 
 from capture_core.descriptor import BatchDescriptor
 from inspector.models import Graph, ReplayTotal, ReplayWindow, Run, Violation
@@ -26,12 +26,6 @@ from inspector.store import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")])
-    return env
 
 
 def test_locked_database_is_waited_out_without_loss(tmp_path: Path) -> None:
@@ -144,7 +138,7 @@ def test_unwritable_database_never_raises_and_counts_what_it_dropped(tmp_path: P
             capture_output=True,
             text=True,
             timeout=120,
-            env=_child_env(),
+            env=child_env(),
             cwd=REPO,
         )
     finally:
@@ -153,8 +147,8 @@ def test_unwritable_database_never_raises_and_counts_what_it_dropped(tmp_path: P
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    # The capture, the violation, one replay window and one batch-size row.
-    assert report["dropped"] == 4, result.stderr
+    # Counted as the engine reported them: the capture, the violation and the 100 replays.
+    assert report["dropped"] == 102, result.stderr
     assert "cannot write" in result.stderr and "dropped" in result.stderr
     assert fetch_rows(f"sqlite:///{path}", select(func.count()).select_from(Violation))[0][0] == 0
 
@@ -195,7 +189,7 @@ def test_vanished_directory_drops_with_a_count_and_never_raises(tmp_path: Path) 
         recorder.on_replay(FULL, descriptor, 1)
     assert recorder.flush(timeout=0.5) is False
     recorder.close()
-    assert recorder.dropped == 3  # the violation, the replay window, the batch-size row
+    assert recorder.dropped == 6  # the violation and the 5 replays
     assert "does not exist" in (recorder.last_error or "")
 
 
@@ -250,7 +244,7 @@ def test_process_exit_without_close_flushes_the_last_window(tmp_path: Path) -> N
         capture_output=True,
         text=True,
         timeout=120,
-        env=_child_env(),
+        env=child_env(),
         cwd=REPO,
     )
     assert result.returncode == 0, result.stderr
@@ -289,7 +283,7 @@ def test_sigkill_keeps_everything_flushed_before_it(db_url: str, tmp_path: Path)
     ledger = tmp_path / "ledger.jsonl"
     child = subprocess.Popen(
         [sys.executable, str(HERE / "workers.py"), db_url, str(ledger)],
-        env=_child_env(),
+        env=child_env(),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

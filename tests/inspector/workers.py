@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from capture_core.descriptor import BatchDescriptor
@@ -115,3 +119,25 @@ def fetch_rows(url: str, statement: Any) -> list:
             return list(conn.execute(statement).all())
     finally:
         engine.dispose()
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child Python that imports this checkout and this module."""
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(REPO), str(here), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Another process's exclusive lock on the SQLite file at ``path``, held for the block."""
+    locker = sqlite3.connect(path, timeout=0, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()

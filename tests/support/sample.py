@@ -23,6 +23,7 @@ from capture_core.modes import CUDAGraphMode
 from capture_core.reference import TrafficConfig, decode_batch_sizes, load_trace
 from capture_core.sizes import EagerReason, SizeTable, power_of_two_sizes, vllm_default_sizes
 from inspector.batch import FlushBatch, PendingViolation, ReplayDelta, TrafficWindow, graph_key, violation_key
+from inspector.losses import Losses
 from inspector.store import Store
 from inspector.writer import (
     KnownTotals,
@@ -123,7 +124,7 @@ class SampleRun:
               ended: bool = False) -> None:
         """One flush of the run's recorder at ``now``: what is given, and the run seen then."""
         batch = FlushBatch(captures or [], violations or {}, traffic or TrafficWindow(now, now),
-                           self.backend, dropped_events=0, ended_at=now if ended else None)
+                           self.backend, losses=Losses(), ended_at=now if ended else None)
         self.writer.write(batch, now)
 
     def capture(self, events: list[CaptureEvent]) -> None:
