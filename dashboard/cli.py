@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
-from dashboard.commands.serve import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV
+from dashboard.commands.serve import DEFAULT_HOST, DEFAULT_PORT, PRUNE_EVERY, TOKEN_ENV
 from dashboard.demo import options as demo
 from inspector.commands.advise import PACKAGED_TRACE
 from inspector.commands.report import FORMATS as REPORT_FORMATS
@@ -166,6 +166,12 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--get", metavar="PATH",
                         help="answer one request in-process, print the body and exit (non-zero for an error "
                              "status): a smoke test, e.g. --get /api/summary")
+    parser.add_argument("--retain", metavar="AGE:GRAIN", action="append", default=[],
+                        help="fold traffic windows that started more than AGE ago into windows GRAIN wide, "
+                             "every total unchanged; repeat for coarser tiers, e.g. --retain 1h:1m --retain "
+                             "1d:1h (default: keep every window)")
+    parser.add_argument("--prune-every", metavar="DURATION", default=PRUNE_EVERY,
+                        help=f"how often --retain folds (default {PRUNE_EVERY})")
 
 
 def _add_report(commands: argparse._SubParsersAction) -> None:
@@ -293,8 +299,9 @@ def _add_watch(commands: argparse._SubParsersAction) -> None:
 def _add_db(commands: argparse._SubParsersAction) -> None:
     parser = _command(
         commands, "db", None,
-        help="create or upgrade the database, or show its schema revision",
-        description="Manage the inspector's database schema (Alembic migrations, run in-process).",
+        help="create or upgrade the database, show its schema revision, or fold old windows",
+        description="Manage the inspector's database: its schema (Alembic migrations, run in-process) "
+                    "and its retention.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     upgrade = _command(actions, "upgrade", "inspector.commands.db:run_upgrade",
@@ -306,6 +313,19 @@ def _add_db(commands: argparse._SubParsersAction) -> None:
                        description="Show the database's schema revision and the newest; exit 1 when it is "
                                    "behind (run `graph-inspector db upgrade`).")
     current.add_argument("--db", metavar="URL", help=DB_HELP)
+    prune = _command(actions, "prune", "inspector.commands.db:run_prune",
+                     help="fold old replay, eager and batch-size windows into coarser ones, every total "
+                          "unchanged",
+                     description="Fold every traffic window that started more than --older-than ago into "
+                                 "windows --grain wide: sums of the rows they replace, so every total, page "
+                                 "and metric reads the same, in a fraction of the rows. `graph-inspector "
+                                 "serve --retain AGE:GRAIN` does this on a schedule.",
+                     epilog="example: graph-inspector db prune --older-than 7d --grain 1h")
+    prune.add_argument("--db", metavar="URL", help=DB_HELP)
+    prune.add_argument("--older-than", metavar="AGE", required=True,
+                       help="fold windows that started more than AGE ago: 90s, 30m, 12h, 7d, 2w")
+    prune.add_argument("--grain", metavar="GRAIN", default="1h",
+                       help="width of the folded windows (default 1h)")
 
 
 # ---------------------------------------------------------------------------------- value types

@@ -10,6 +10,13 @@ last one folded (grouped by run and time bucket, by run and batch size, by run a
 and adds those few sums to small dictionaries. A refresh that finds nothing new costs four indexed
 ``max(id)`` look-ups. When rows disappear (a run was deleted, the database was replaced) everything
 is rebuilt.
+
+Retention (``inspector.retention``) replaces old rows by folded ones, which sum them: a folded row
+(``windows`` > 1) adds nothing the rollup does not hold already, as long as it had read every row
+the fold removed. Each fold says the newest recorder-written row it removed (``window_folds``);
+folds within what was read are taken as they are (their rows skipped), any other means a rebuild,
+which reads the folded rows whole. One snapshot per refresh (SQLite's read transaction, PostgreSQL's
+REPEATABLE READ) makes a fold's log row and its rows visible together.
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, cast, func, select
+from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, and_, cast, func, or_, select
 
-from inspector.models import BatchSizeCount, EagerFallback, ReplayWindow, Run, Violation
+from inspector.models import BatchSizeCount, EagerFallback, ReplayWindow, Run, Violation, WindowFold
 from inspector.traffic import TrafficTotals, integer_sum
 
 
@@ -108,6 +115,10 @@ class Rollup:
         self._runs: dict[int, RunTraffic] = {}
         self._known_run_ids: set[int] = set()
         self._memo: dict[tuple, Any] = {}
+        self._fold_mark = 0
+        """The newest ``window_folds`` row taken into account."""
+        self._rebuilding = True
+        """The next fold reads every folded row, not only the recorders' rows."""
 
     def _run(self, run_id: int) -> RunTraffic:
         found = self._runs.get(run_id)
@@ -120,6 +131,8 @@ class Rollup:
     def refresh(self) -> None:
         """Fold in every row appended since the last refresh (rebuilding if rows went away)."""
         with self._lock, self.engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execution_options(isolation_level="REPEATABLE READ")
             run_ids = set(conn.scalars(select(Run.id)))
             maxima = {
                 "replay": conn.scalar(select(func.max(ReplayWindow.id))) or 0,
@@ -128,8 +141,10 @@ class Rollup:
                 "violations": conn.scalar(select(func.max(Violation.id))) or 0,
             }
             vanished = self._known_run_ids - run_ids
-            if vanished or any(maxima[name] < last for name, last in self._last_ids.items()):
+            folds = self._folds_read(conn)
+            if vanished or folds is None or any(maxima[name] < last for name, last in self._last_ids.items()):
                 self._reset()
+            self._fold_mark = conn.scalar(select(func.max(WindowFold.id))) or 0
             maxima = self._settled(maxima)
             if maxima == self._last_ids and run_ids == self._known_run_ids:
                 return
@@ -142,7 +157,31 @@ class Rollup:
             self._fold_batch_sizes(conn, maxima["sizes"])
             self._fold_findings(conn, maxima["violations"])
             self._last_ids = maxima
+            self._rebuilding = False
             self._keep_within_budget()
+
+    def _folds_read(self, conn: Connection) -> bool | None:
+        """True when every fold since the last refresh removed only rows already read (or there was
+        none); None when one removed rows not read yet, or fold rows went away: rebuild."""
+        f = WindowFold
+        mark = conn.scalar(select(func.max(f.id))) or 0
+        if mark == self._fold_mark:
+            return True
+        if mark < self._fold_mark:
+            return None
+        removed = conn.execute(
+            select(func.max(f.last_replay_window_id), func.max(f.last_eager_fallback_id),
+                   func.max(f.last_batch_size_id)).where(f.id > self._fold_mark)
+        ).one()
+        read = (self._last_ids["replay"], self._last_ids["eager"], self._last_ids["sizes"])
+        within = all((newest or 0) <= last for newest, last in zip(removed, read, strict=True))
+        return True if within else None
+
+    def _rows(self, model: Any, name: str, upto: int) -> ColumnElement[bool]:
+        """The rows of ``model`` to fold in: the recorders' rows since the last refresh; in a
+        rebuild, every folded row too (one a later fold made adds nothing new)."""
+        raw = and_(model.id > self._last_ids[name], model.id <= upto, model.windows == 1)
+        return or_(raw, model.windows > 1) if self._rebuilding else raw
 
     def buckets_held(self) -> int:
         """Time buckets held over all runs: what the memory of the rollup grows with."""
@@ -196,21 +235,21 @@ class Rollup:
 
     def _fold_replays(self, conn: Connection, upto: int, grain: float) -> None:
         w = ReplayWindow
-        bucket = _bucket(conn, w.window_start, grain)
+        bucket = time_bucket(conn, w.window_start, grain)
         for run_id, index, replays, real, padding in conn.execute(
             select(w.run_id, bucket, *(integer_sum(c) for c in (w.replays, w.num_real_tokens,
                                                                   w.padding_tokens)))
-            .where(w.id > self._last_ids["replay"], w.id <= upto)
+            .where(self._rows(w, "replay", upto))
             .group_by(w.run_id, bucket)
         ):
             self._run(run_id).series.bucket(index * grain).add(TrafficTotals(replays, real, padding))
 
     def _fold_eager(self, conn: Connection, upto: int, grain: float) -> None:
         e = EagerFallback
-        bucket = _bucket(conn, e.window_start, grain)
+        bucket = time_bucket(conn, e.window_start, grain)
         for run_id, index, batches in conn.execute(
             select(e.run_id, bucket, integer_sum(e.batches))
-            .where(e.id > self._last_ids["eager"], e.id <= upto)
+            .where(self._rows(e, "eager", upto))
             .group_by(e.run_id, bucket)
         ):
             self._run(run_id).series.bucket(index * grain).eager_batches += batches
@@ -219,7 +258,7 @@ class Rollup:
         b = BatchSizeCount
         for run_id, size, batches in conn.execute(
             select(b.run_id, b.num_real_tokens, integer_sum(b.batches))
-            .where(b.id > self._last_ids["sizes"], b.id <= upto)
+            .where(self._rows(b, "sizes", upto))
             .group_by(b.run_id, b.num_real_tokens)
         ):
             self._run(run_id).batch_sizes[size] += batches
@@ -296,7 +335,7 @@ def _scope(run_ids: Iterable[int] | None) -> tuple[int, ...] | None:
     return None if run_ids is None else tuple(sorted(run_ids))
 
 
-def _bucket(conn: Connection, column: ColumnElement[float], grain: float) -> ColumnElement[int]:
+def time_bucket(conn: Connection, column: ColumnElement[float], grain: float) -> ColumnElement[int]:
     """The time-bucket index of a row: floor(time / grain). SQLite's CAST truncates, which is the
     floor for positive times (its floor() is an optional build); PostgreSQL's CAST rounds."""
     scaled = column / grain

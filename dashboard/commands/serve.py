@@ -1,7 +1,8 @@
 """`graph-inspector serve`: the dashboard daemon on waitress, a production WSGI server.
 
 Loopback by default. Binding anywhere else exposes graph-cache internals and stack traces to the
-network, so it needs an access token (``--token`` or $GRAPH_INSPECTOR_TOKEN).
+network, so it needs an access token (``--token`` or $GRAPH_INSPECTOR_TOKEN). With ``--retain`` it
+also folds old traffic windows on a schedule (``inspector.retention``).
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from flask import Flask
 
+    from inspector.retention import Policy
+
 TOKEN_ENV = "GRAPH_INSPECTOR_TOKEN"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
 THREADS = 8
+PRUNE_EVERY = "10m"
 
 
 def is_loopback(host: str) -> bool:
@@ -41,10 +45,24 @@ def run(args: argparse.Namespace) -> int:
             f"refusing to serve on {args.host} without an access token: the dashboard shows stack traces "
             f"and memory addresses. Pass --token (or set {TOKEN_ENV}), or bind to {DEFAULT_HOST}."
         )
+    retention = _retention(args.retain, args.prune_every)
     from dashboard.app import create_app
 
     app = create_app(args.db, token=token)
-    return serve(app, args.host, args.port)
+    return serve(app, args.host, args.port, retention=retention)
+
+
+def _retention(tiers: list[str], every: str) -> tuple[Policy, float] | None:
+    """The ``--retain`` policy and how often it runs (None without ``--retain``)."""
+    from inspector.errors import UsageError
+    from inspector.retention import Policy, Tier, parse_duration
+
+    if not tiers:
+        return None
+    try:
+        return Policy(tuple(Tier.parse(tier) for tier in tiers)), parse_duration(every)
+    except ValueError as error:
+        raise UsageError(f"--retain/--prune-every: {error}") from None
 
 
 def get(db_url: str | None, path: str, token: str | None) -> int:
@@ -62,11 +80,13 @@ def get(db_url: str | None, path: str, token: str | None) -> int:
     return 0
 
 
-def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int:
+def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+          retention: tuple[Policy, float] | None = None) -> int:
     """Serve ``app`` (from ``create_app``) on waitress until interrupted, after printing its URL.
 
     ``port=0`` binds a free port; the printed URL carries the real one. The daemon's time series
-    are loaded before the URL is printed, so the first page is as fast as the rest.
+    are loaded before the URL is printed, so the first page is as fast as the rest. With
+    ``retention`` (a policy and its period in seconds), a thread folds old windows meanwhile.
     """
     import logging
 
@@ -87,6 +107,14 @@ def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int
     if state.token:
         print("  access token required: open the URL once with ?token=<token>, or send "
               "'Authorization: Bearer <token>'", flush=True)
+    pruner = None
+    if retention is not None:
+        from inspector.retention import Pruner
+
+        policy, every = retention
+        print(f"  retention: every {every:g} s, windows {policy}", flush=True)
+        pruner = Pruner(state.store, policy, every, lambda line: print(f"graph-inspector retention: {line}",
+                                                                        flush=True)).start()
     print("  Ctrl-C stops it", flush=True)
     logging.getLogger("waitress").setLevel(logging.WARNING)
     try:
@@ -94,5 +122,7 @@ def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int
     except KeyboardInterrupt:
         print("graph-inspector dashboard: stopped", file=sys.stderr)
     finally:
+        if pruner is not None:
+            pruner.stop()
         server.close()
     return 0

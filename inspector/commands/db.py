@@ -1,4 +1,5 @@
-"""`graph-inspector db upgrade|current`: create or migrate the database, or show its schema revision."""
+"""`graph-inspector db upgrade|current|prune`: create or migrate the database, show its schema
+revision, or fold old traffic windows into coarser ones (retention)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,20 @@ def run_current(args: argparse.Namespace) -> int:
         "run `graph-inspector db upgrade`"
     )
     return 1
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    from inspector.errors import UsageError
+    from inspector.retention import Policy, Tier, parse_duration, prune
+    from inspector.store import open_store
+
+    try:
+        policy = Policy((Tier(parse_duration(args.older_than), parse_duration(args.grain)),))
+    except ValueError as error:
+        raise UsageError(f"--older-than/--grain: {error}") from None
+    store = open_store(args.db, upgrade=True)
+    try:
+        print(f"{store.display_url}: {prune(store, policy).line()}")
+    finally:
+        store.dispose()
+    return 0

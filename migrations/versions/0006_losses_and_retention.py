@@ -5,7 +5,9 @@
   ``dropped_eager_batches``, and ``dropped_real_tokens`` (0 for the runs recorded before);
 - ``replay_windows``, ``eager_fallbacks``, ``batch_size_counts``: ``windows``, how many flush
   windows a row holds (1 for every row so far);
-- ``window_folds``: one row per retention transaction (``graph-inspector db prune``).
+- ``window_folds``: one row per retention transaction (``graph-inspector db prune``);
+- ``batch_size_counts``: an index by run and time, which retention folds by (the only index this
+  revision builds over existing rows: minutes on a database of a hundred million rows).
 
 Adding columns with a constant default rewrites no table (SQLite's ALTER TABLE ADD COLUMN,
 PostgreSQL 11+), so a database of a hundred million windows upgrades at once; ``dropped_events``'s
@@ -30,6 +32,7 @@ depends_on = None
 DROPPED = ("dropped_captures", "dropped_violations", "dropped_replays", "dropped_eager_batches",
            "dropped_real_tokens")
 FOLDABLE = ("replay_windows", "eager_fallbacks", "batch_size_counts")
+SIZES_BY_TIME = "ix_batch_size_counts_run_id_window_start"
 
 
 def upgrade() -> None:
@@ -40,6 +43,7 @@ def upgrade() -> None:
             batch.add_column(sa.Column(name, sa.BigInteger(), nullable=False, server_default="0"))
     for table in FOLDABLE:
         op.add_column(table, sa.Column("windows", sa.Integer(), nullable=False, server_default="1"))
+    op.create_index(SIZES_BY_TIME, "batch_size_counts", ["run_id", "window_start"])
     op.create_table(
         "window_folds",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -64,6 +68,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index(op.f("ix_window_folds_run_id"), table_name="window_folds")
     op.drop_table("window_folds")
+    op.drop_index(SIZES_BY_TIME, table_name="batch_size_counts")
     for table in FOLDABLE:
         with op.batch_alter_table(table) as batch:
             batch.drop_column("windows")

@@ -1,0 +1,222 @@
+"""Retention folds old traffic windows into coarser ones and changes no figure: every sum of the
+windows, every running total, the overview, /metrics and the report read the same before and
+after, on SQLite and PostgreSQL; the daemon's rollup keeps its totals across a fold (and rebuilds
+when a fold took rows it had not read); `db prune` and `serve --retain` run it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import func, select
+from workers import FULL, PIECEWISE, capture, fetch_rows
+
+from capture_core.descriptor import BatchDescriptor
+from inspector.batch import ReplayDelta, TrafficWindow, graph_key
+from inspector.metrics import InspectorCollector
+from inspector.models import (
+    BatchSizeCount,
+    EagerFallback,
+    EagerTotal,
+    ReplayTotal,
+    ReplayWindow,
+    WindowFold,
+)
+from inspector.queries import Queries
+from inspector.report import build_report, render_json
+from inspector.retention import Policy, Tier, describe_duration, parse_duration, prune
+from inspector.store import Store, open_store
+from inspector.writer import KnownTotals, RunInfo, append_traffic, insert_graphs, insert_run
+from tests.support.daemon import Daemon
+from tests.support.installed import Program
+
+HOURS = 3
+NOW = 1_800_000_000.0
+"""A multiple of every grain below, so the expected row counts are exact."""
+POLICY = Policy((Tier.parse("1h:1m"), Tier.parse("2h:10m")))
+KEYS = ((FULL, BatchDescriptor(4, 4, True)), (FULL, BatchDescriptor(8, 8, True)),
+        (PIECEWISE, BatchDescriptor(16)))
+
+
+def _windows(start: float, seconds: int) -> Iterator[TrafficWindow]:
+    """One flush a second: three graphs, an eager batch every 7 s, two batch sizes."""
+    for i in range(seconds):
+        t = start + i
+        window = TrafficWindow(t, t + 1.0)
+        for n, (mode, descriptor) in enumerate(KEYS):
+            if (i + n) % 5:  # each graph idle one window in five
+                window.replays[graph_key(mode, descriptor)] = ReplayDelta(mode, descriptor, 3 + n, 2 + i % 3)
+        if i % 7 == 0:
+            window.eager[("above_max_capture_size", "full")] = [1, 300]
+        window.batch_sizes = {1 + i % 3: 2, 9: 1}
+        yield window
+
+
+def _record(store: Store, runs: int = 2, start: float = NOW - HOURS * 3600, seconds: int = HOURS * 3600
+            ) -> None:
+    """``runs`` runs of ``seconds`` one-second windows, written as recorders write them."""
+    for rank in range(runs):
+        with store.writer() as conn:
+            info = RunInfo(f"rank {rank}", "node", 100 + rank, "engine", rank, runs, "cpu", "{}", start - 1)
+            run_id = insert_run(conn, info, start)
+            # The third graph key has no graph row: its windows' graph_id is NULL.
+            ids = insert_graphs(conn, run_id, [capture(d, mode=m) for m, d in KEYS[:2]])
+        known = KnownTotals()
+        windows = list(_windows(start, seconds))
+        for first in range(0, len(windows), 2000):
+            with store.writer() as conn:
+                known.update(append_traffic(conn, run_id, windows[first:first + 2000], ids, known, start))
+
+
+def _sums(store: Store) -> dict[str, Any]:
+    """Every sum a reader could take over the traffic tables, and the running totals."""
+    w, e, b = ReplayWindow, EagerFallback, BatchSizeCount
+    key = (w.run_id, w.mode, w.descriptor_key, w.graph_id, w.captured_size, w.num_reqs, w.uniform)
+    queries = {
+        "replays": select(*key, func.sum(w.replays), func.sum(w.num_real_tokens), func.sum(w.padding_tokens),
+                          func.sum(w.windows), func.min(w.window_start), func.max(w.window_end))
+        .group_by(*key).order_by(w.run_id, w.mode, w.descriptor_key),
+        "eager": select(e.run_id, e.reason, e.mode, func.sum(e.batches), func.sum(e.num_real_tokens),
+                        func.sum(e.windows))
+        .group_by(e.run_id, e.reason, e.mode).order_by(e.run_id, e.reason),
+        "sizes": select(b.run_id, b.num_real_tokens, func.sum(b.batches))
+        .group_by(b.run_id, b.num_real_tokens).order_by(b.run_id, b.num_real_tokens),
+        "replay_totals": ReplayTotal.__table__.select().order_by(ReplayTotal.id),
+        "eager_totals": EagerTotal.__table__.select().order_by(EagerTotal.id),
+    }
+    with store.engine.connect() as conn:
+        return {name: [tuple(row) for row in conn.execute(query)] for name, query in queries.items()}
+
+
+def _queries(store: Store) -> Queries:
+    queries = Queries(store.engine)
+    queries.rollup.settle_seconds = 0.0  # one test process writes: no commit is ever in flight
+    return queries
+
+
+def _readers(store: Store, queries: Queries | None = None) -> dict[str, Any]:
+    """What the overview, /metrics and the report say; the time series as its totals."""
+    summary = (queries or _queries(store)).summary()
+    series = summary["charts"].pop("series")
+    summary["runs"].pop("live")
+    registry = CollectorRegistry()
+    registry.register(InspectorCollector(store))
+    metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in registry.collect()
+               for s in f.samples if f.name != "graph_inspector_scrape_duration_seconds"}
+    report = [line for line in render_json(build_report(store)).splitlines() if '"generated_at"' not in line]
+    over_time = (sum(p["replays"] for p in series), sum(p["eager_batches"] for p in series))
+    return {"summary": summary, "metrics": metrics, "report": report, "series_totals": over_time}
+
+
+def _rows(store: Store) -> dict[str, int]:
+    with store.engine.connect() as conn:
+        return {m.__tablename__: conn.scalar(select(func.count()).select_from(m))
+                for m in (ReplayWindow, EagerFallback, BatchSizeCount)}
+
+
+def test_durations_and_tiers_parse_and_say_what_is_wrong() -> None:
+    assert [parse_duration(t) for t in ("90", "90s", "30m", "12h", "7d", "2w", "1.5h")] == [
+        90, 90, 1800, 43200, 604800, 1209600, 5400]
+    assert describe_duration(604800) == "1w" and describe_duration(5400) == "90m"
+    assert Tier.parse("7d") == Tier(604800, 3600) and str(POLICY) == (
+        "older than 1h into 1m windows, older than 2h into 10m windows")
+    for bad in ("", "7x", "-1h", "0", "h"):
+        with pytest.raises(ValueError, match="expected a positive duration"):
+            parse_duration(bad)
+    with pytest.raises(ValueError, match="must be coarser"):
+        Policy((Tier.parse("1h:1h"), Tier.parse("1d:1m")))
+
+
+def test_folding_keeps_every_total_and_is_done_once(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        _record(store)
+        before_rows, before, readers = _rows(store), _sums(store), _readers(store)
+        report = prune(store, POLICY, now=NOW)
+        assert report.rows_removed > 0 and "every total unchanged" in report.line()
+        after_rows = _rows(store)
+        # Per run and graph: the last hour at 1 s (a graph is idle one window in five), the hour
+        # before by the minute, the oldest hour by ten minutes.
+        per_key = 3600 * 4 // 5 + 60 + 6
+        with store.engine.connect() as conn:
+            counts = conn.execute(select(func.count()).select_from(ReplayWindow)
+                                  .group_by(ReplayWindow.run_id, ReplayWindow.descriptor_key)).scalars().all()
+        assert counts == [per_key] * 6
+        assert after_rows["batch_size_counts"] < before_rows["batch_size_counts"] / 2
+        assert _sums(store) | {"replays": None} == before | {"replays": None}
+        assert [row[:-3] for row in _sums(store)["replays"]] == [row[:-3] for row in before["replays"]]
+        assert [row[-3] for row in _sums(store)["replays"]] == [3600 * 3 * 4 // 5] * 6, "windows held"
+        assert _readers(store) == readers
+
+        again = prune(store, POLICY, now=NOW)
+        assert again.rows_removed == 0 and _rows(store) == after_rows
+        assert again.line().startswith("nothing to fold")
+    finally:
+        store.dispose()
+
+
+def test_the_rollup_keeps_its_totals_across_folds_and_rebuilds_when_it_must(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        _record(store, runs=1)
+        queries = _queries(store)
+        queries.rollup.refresh()
+        readers = _readers(store, queries)
+        prune(store, POLICY, now=NOW)
+        assert _readers(store, queries) == readers, "folded rows are not counted twice"
+        assert _readers(store) == readers, "a rollup built after the fold reads the folded rows whole"
+
+        # Rows it has not read yet, late windows of the oldest hour, are folded before it reads
+        # them: the fold says so, and the rollup rebuilds instead of skipping them.
+        _record(store, runs=1, start=NOW - HOURS * 3600, seconds=600)
+        prune(store, POLICY, now=NOW)
+        with store.engine.connect() as conn:
+            assert conn.scalar(select(func.max(WindowFold.last_replay_window_id))) > 0
+        assert _readers(store, queries) == _readers(store)
+    finally:
+        store.dispose()
+
+
+def test_db_prune_folds_and_refuses_a_bad_age(sqlite_url: str) -> None:
+    store = open_store(sqlite_url)
+    _record(store, runs=1, start=time.time() // 3600 * 3600 - 3 * 3600, seconds=1800)
+    before = _sums(store)
+    store.dispose()
+    program = Program.under_test()
+    result = subprocess.run([*program.argv, "db", "prune", "--db", sqlite_url, "--older-than", "1h",
+                             "--grain", "10m"], capture_output=True, text=True, timeout=300, env=program.env,
+                            cwd=program.cwd)
+    assert result.returncode == 0, result.stderr
+    assert "folded" in result.stdout and "older than 1h into 10m windows" in result.stdout
+    store = open_store(sqlite_url)
+    try:
+        after = _sums(store)
+        assert _rows(store)["replay_windows"] == 3 * 3, "half an hour, three graphs, 10-minute windows"
+    finally:
+        store.dispose()
+    assert [row[:-3] for row in after["replays"]] == [row[:-3] for row in before["replays"]]
+    bad = subprocess.run([*program.argv, "db", "prune", "--db", sqlite_url, "--older-than", "soon"],
+                         capture_output=True, text=True, timeout=120, env=program.env, cwd=program.cwd)
+    assert bad.returncode == 2 and "expected a positive duration" in bad.stderr
+
+
+def test_the_daemon_folds_on_its_schedule(sqlite_url: str) -> None:
+    store = open_store(sqlite_url)
+    _record(store, runs=1, start=time.time() // 3600 * 3600 - 3 * 3600, seconds=1800)
+    before = _readers(store)
+    store.dispose()
+    with Daemon(sqlite_url, extra_args=["--retain", "1h:1m", "--prune-every", "1s"]) as daemon:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "graph-inspector retention: folded" not in daemon.output:
+            time.sleep(0.2)
+        assert "graph-inspector retention: folded" in daemon.output, daemon.output
+        assert fetch_rows(sqlite_url, select(func.count()).select_from(ReplayWindow))[0][0] == 30 * 3
+    store = open_store(sqlite_url, upgrade=False)
+    try:
+        assert _readers(store) == before
+    finally:
+        store.dispose()
