@@ -309,7 +309,8 @@ class WindowFold(Base):
     rows_removed: Mapped[int] = mapped_column(BigInteger)
     rows_added: Mapped[int] = mapped_column(BigInteger)
     last_replay_window_id: Mapped[int] = mapped_column(BigInteger, default=0)
-    """The newest ``replay_windows`` row the fold removed (0: none)."""
+    """The newest ``replay_windows`` row of the slice when it was folded (every row the fold
+    removed is at most this; 0: none)."""
     last_eager_fallback_id: Mapped[int] = mapped_column(BigInteger, default=0)
     last_batch_size_id: Mapped[int] = mapped_column(BigInteger, default=0)
 

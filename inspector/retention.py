@@ -16,7 +16,8 @@ It runs as ``graph-inspector db prune --older-than 7d [--grain 1h]``, and in the
 (``serve --retain 1h:1m --retain 1d:1h``) on a schedule. Each transaction folds one run's rows of
 one slice of time (an hour, or one grain when that is longer), so that recorders never wait on it
 for long, and logs itself in ``window_folds``: where the fold got to (the next one starts there),
-and the newest row it removed, from which the daemon's rollup knows whether it must rebuild.
+and the newest row of the slice, from which the daemon's rollup knows whether it had read every
+row the fold removed or must rebuild.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from inspector import models
 from inspector.rollup import time_bucket
 from inspector.store import Store
 
+FOLD_CACHE_KIB = -262144
+"""SQLite's page cache for a fold transaction: 256 MiB (negative: KiB, as SQLite counts it)."""
 SLICE_SECONDS = 3600.0
 """The time one fold transaction covers (at least one grain): an hour of one run's windows."""
 
@@ -107,7 +110,7 @@ class _Foldable:
     """Columns that follow from the key (a descriptor's fields): kept as they are."""
     counts: tuple[str, ...]
     last_id: str
-    """``window_folds``' column for the newest row of this table a fold removed."""
+    """``window_folds``' column for the newest row of this table in a folded slice."""
 
     @property
     def table(self) -> Table:
@@ -161,7 +164,8 @@ def prune(store: Store, policy: Policy, now: float | None = None) -> FoldReport:
 
 def _fold_run(store: Store, run_id: int, grain: float, cutoff: float, now: float, report: FoldReport) -> None:
     """Fold ``run_id``'s rows that started before ``cutoff``, from where the last fold at ``grain``
-    got to (less one grain, for windows written late), one slice with rows at a time."""
+    got to (less one grain, for windows written late), one slice with rows at a time. The last slice
+    is logged even when it folded nothing, so that the next prune starts after it."""
     width = max(grain, math.floor(SLICE_SECONDS / grain) * grain)
     with store.engine.connect() as conn:
         f = models.WindowFold
@@ -175,12 +179,15 @@ def _fold_run(store: Store, run_id: int, grain: float, cutoff: float, now: float
             index = time_bucket(conn, m.window_start, width)
             slices.update(conn.scalars(select(index).where(*span).distinct()))
     for index in sorted(slices):
-        _fold_slice(store, run_id, index * width, min((index + 1) * width, cutoff), grain, now, report)
+        end = min((index + 1) * width, cutoff)
+        progress = index == max(slices) and (done is None or end > done)
+        _fold_slice(store, run_id, index * width, end, grain, now, report, progress)
 
 
 def _fold_slice(store: Store, run_id: int, start: float, end: float, grain: float, now: float,
-                report: FoldReport) -> None:
-    """One transaction: the run's rows that started in ``[start, end)``, folded ``grain`` wide."""
+                report: FoldReport, progress: bool) -> None:
+    """One transaction: the run's rows that started in ``[start, end)``, folded ``grain`` wide; it is
+    logged when it folded anything, or (``progress``) to say how far folding got."""
     with _transaction(store) as conn:
         removed = added = 0
         last_ids: dict[str, int] = {}
@@ -191,7 +198,7 @@ def _fold_slice(store: Store, run_id: int, start: float, end: float, grain: floa
             counts = report.by_table.setdefault(spec.table.name, [0, 0])
             counts[0] += gone
             counts[1] += made
-        if removed:
+        if removed or progress:
             conn.execute(insert(models.WindowFold).values(
                 run_id=run_id, folded_at=now, range_start=start, range_end=end, grain=grain,
                 rows_removed=removed, rows_added=added, **last_ids,
@@ -204,7 +211,7 @@ def _fold_slice(store: Store, run_id: int, start: float, end: float, grain: floa
 def _fold_table(conn: Connection, spec: _Foldable, run_id: int, start: float, end: float, grain: float
                 ) -> tuple[int, int, int]:
     """Insert the folded rows of one table's slice, delete those they replace; (removed, added,
-    the newest recorder-written id removed)."""
+    the newest id in the slice)."""
     t = spec.table
     newest = conn.scalar(select(func.max(t.c.id))) or 0
     groups = [t.c[name] for name in (*spec.key, *spec.same)]
@@ -232,8 +239,9 @@ def _fold_table(conn: Connection, spec: _Foldable, run_id: int, start: float, en
     made = select(*key, bucket).where(t.c.run_id == run_id, t.c.id > newest)
     replaced = [t.c.run_id == run_id, t.c.window_start >= start, t.c.window_start < end, t.c.id <= newest,
                 tuple_(*key, bucket).in_(made)]
-    # The newest recorder-written row it replaces: the rollup's test of whether it had read them all.
-    last = conn.scalar(select(func.max(t.c.id)).where(*replaced, t.c.windows == 1)) or 0
+    # The newest row of the slice (an index-only look-up; the rows replaced are among them): the
+    # rollup's test of whether it had read every row this fold removed.
+    last = conn.scalar(select(func.max(t.c.id)).where(*replaced[:4])) or 0
     removed = conn.execute(sql_delete(t).where(*replaced)).rowcount
     return removed, added, last
 
@@ -245,7 +253,14 @@ def _transaction(store: Store) -> Iterator[Connection]:
     recorders commit meanwhile, and a second pruner at once fails instead of folding twice."""
     if store.is_sqlite:
         with store.writer() as conn:
-            yield conn
+            # A fold reads and rewrites thousands of pages, which SQLite's default 2 MiB page cache
+            # would read again and again. Its own cache, for the transaction only.
+            previous = conn.exec_driver_sql("PRAGMA cache_size").scalar()
+            conn.exec_driver_sql(f"PRAGMA cache_size = {FOLD_CACHE_KIB}")
+            try:
+                yield conn
+            finally:
+                conn.exec_driver_sql(f"PRAGMA cache_size = {int(previous)}")
         return
     with store.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
         # Rows just written have no statistics yet, and an estimate of one row makes the planner

@@ -13,9 +13,9 @@ is rebuilt.
 
 Retention (``inspector.retention``) replaces old rows by folded ones, which sum them: a folded row
 (``windows`` > 1) adds nothing the rollup does not hold already, as long as it had read every row
-the fold removed. Each fold says the newest recorder-written row it removed (``window_folds``);
-folds within what was read are taken as they are (their rows skipped), any other means a rebuild,
-which reads the folded rows whole. One snapshot per refresh (SQLite's read transaction, PostgreSQL's
+the fold removed. Each fold says the newest row of the slice it folded (``window_folds``); folds
+within what was read are taken as they are (their rows skipped), any other means a rebuild, which
+reads the folded rows whole. One snapshot per refresh (SQLite's read transaction, PostgreSQL's
 REPEATABLE READ) makes a fold's log row and its rows visible together.
 """
 

@@ -145,17 +145,9 @@ logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 from workers import FULL, capture, drift
 from capture_core.descriptor import BatchDescriptor
 from inspector.recorder import Recorder
+from tests.support.recording import fill_filesystem
 url, filler = sys.argv[1], sys.argv[2]
-
-def fill():
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"x" * 65536)
-                f.flush()
-        except OSError:
-            pass
-
+fill = lambda: fill_filesystem(filler)
 d = BatchDescriptor(4, 4, True)
 recorder = Recorder(url, flush_interval=0.05, close_timeout=1.0).start()
 recorder.on_capture(capture(d))

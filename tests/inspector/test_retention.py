@@ -32,6 +32,7 @@ from inspector.retention import Policy, Tier, describe_duration, parse_duration,
 from inspector.store import Store, open_store
 from inspector.writer import KnownTotals, RunInfo, append_traffic, insert_graphs, insert_run
 from tests.support.daemon import Daemon
+from tests.support.fleet import Fleet, start_fleet, write_hour
 from tests.support.installed import Program
 
 HOURS = 3
@@ -154,6 +155,7 @@ def test_folding_keeps_every_total_and_is_done_once(db_url: str) -> None:
 
         again = prune(store, POLICY, now=NOW)
         assert again.rows_removed == 0 and _rows(store) == after_rows
+        assert again.transactions == 2 * len(POLICY.tiers), "each run and tier starts where it got to"
         assert again.line().startswith("nothing to fold")
     finally:
         store.dispose()
@@ -220,3 +222,26 @@ def test_the_daemon_folds_on_its_schedule(sqlite_url: str) -> None:
         assert _readers(store) == before
     finally:
         store.dispose()
+
+
+def test_a_fleet_hour_written_by_the_minute_is_what_retention_makes_of_its_seconds(tmp_path) -> None:
+    """The fleet benchmark writes the older hours of its week as one-minute windows: the rows the
+    policy's first tier would have made of the seconds (tests/support/fleet.py)."""
+    fleet = Fleet(ranks=2, findings_per_rank=1)
+    tables = {}
+    for way in ("seconds", "minutes"):
+        store = open_store(f"sqlite:///{tmp_path / way}.db")
+        try:
+            start_fleet(store, fleet, NOW)
+            write_hour(store, fleet, NOW, folded_by=None if way == "seconds" else 60)
+            if way == "seconds":
+                prune(store, Policy((Tier.parse("1m:1m"),)), now=NOW + 3600 + 60)
+            with store.engine.connect() as conn:
+                tables[way] = {
+                    m.__tablename__: sorted(tuple(row)[1:] for row in conn.execute(m.__table__.select()))
+                    for m in (ReplayWindow, EagerFallback, BatchSizeCount)
+                }
+        finally:
+            store.dispose()
+    assert tables["minutes"] == tables["seconds"]
+    assert len(tables["minutes"]["replay_windows"]) == 2 * 60 * fleet.graphs_active
