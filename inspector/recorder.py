@@ -398,7 +398,7 @@ class Recorder:
             if isinstance(error, StoreVanished):
                 self._on_vanished()
             elif batch is not None and _refused_as_it_is(error):
-                self._shed(batch, include_traffic, error)
+                self._shed(batch, (replay_counts, eager_counts), error)
             self._note_failure(error, time.monotonic())
             return False
         # Committed (the queues are drained on this thread only, so nothing arrived meanwhile).
@@ -441,22 +441,19 @@ class Recorder:
         self._store = self._writer = None
         self._pending.resend_graphs = True
 
-    def _shed(self, batch: FlushBatch, include_traffic: bool, error: BaseException) -> None:
+    def _shed(self, batch: FlushBatch, snapshot: tuple[dict | None, dict | None], error: BaseException
+              ) -> None:
         """The database refused the batch as it is (a value it cannot store), which no retry can
         change: give up its records, or, when it had none, its traffic, so the rest gets through."""
         if batch.captures or batch.violations:
             lost, what = self._pending.shed(), "records the database refused"
-        elif include_traffic:
+        elif snapshot[0] is not None and snapshot[1] is not None:
             lost, what = Losses(), "a traffic window the database refused"
             lost.add_traffic(batch.traffic)
-            self._account_traffic()
+            self._committed_replays, self._committed_eager = snapshot  # dealt with: counted as lost
         else:
             return
-        self._lose(lost, f"{what}: {error}")
-
-    def _account_traffic(self) -> None:
-        """Count every replay and eager batch so far as dealt with (written, or counted lost)."""
-        _, self._committed_replays, self._committed_eager = self._take_traffic(time.time())
+        self._lose(lost, f"{what}: {_first_line(error)}")
 
     def _take_traffic(self, wall: float) -> tuple[TrafficWindow, dict, dict]:
         """The counts since the last commit, and the snapshot to adopt if the write commits."""
@@ -501,10 +498,9 @@ class Recorder:
                   what, f"{self.dropped:,}")
 
     def _drop_everything(self) -> None:
-        traffic, _, _ = self._take_traffic(time.time())
-        lost = self._pending.clear()
+        traffic, self._committed_replays, self._committed_eager = self._take_traffic(time.time())
+        lost = self._pending.clear()  # the snapshot is dealt with: counted as lost, just below
         lost.add_traffic(traffic)
-        self._account_traffic()
         if self.step_log is not None:  # the order of batches counted above, not events
             self.step_log.drop()
         if lost:

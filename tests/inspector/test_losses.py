@@ -22,7 +22,7 @@ from capture_core.sizes import EagerReason
 from dashboard.app import create_app
 from inspector.losses import Losses, RunIdentity, Sidecar, record_unwritten, sidecar_path
 from inspector.metrics import PREFIX, InspectorCollector
-from inspector.models import ReplayWindow, Run
+from inspector.models import ReplayWindow, Run, Violation
 from inspector.recorder import Recorder
 from inspector.report import build_report, render_text
 from inspector.store import open_store
@@ -193,3 +193,24 @@ def test_a_full_filesystem_loses_only_what_it_could_not_hold_and_says_so(tmp_pat
         assert fetch_rows(url, select(ReplayWindow.replays)) == [(500,)]
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_a_value_the_database_refuses_is_dropped_and_counted_and_the_rest_gets_through(db_url: str) -> None:
+    """An address past 64 bits in a violation, a graph of 2**63 tokens: the database refuses them
+    whatever the retry, so they are given up (and counted) instead of holding every later window."""
+    good, huge = BatchDescriptor(4, 4, True), BatchDescriptor(2**63, 1, True)
+    with Recorder(db_url, flush_interval=0.05) as recorder:
+        recorder.on_capture(capture(good))  # in the same transaction as the refused violation
+        recorder.on_violation(drift(good, actual=2**64 + 5))
+        assert recorder.flush(timeout=20)
+        for _ in range(10):
+            recorder.on_replay(FULL, huge, 3)
+        assert recorder.flush(timeout=20)
+        for _ in range(100):
+            recorder.on_replay(FULL, good, 3)
+        recorder.on_violation(drift(good, actual=0x5000))
+        assert recorder.flush(timeout=20), recorder.last_error
+    assert recorder.losses == Losses(captures=1, violations=1, replays=10, real_tokens=30)
+    assert fetch_rows(db_url, select(ReplayWindow.replays)) == [(100,)]
+    assert fetch_rows(db_url, select(Violation.actual_address)) == [(0x5000,)]
+    assert tuple(fetch_rows(db_url, select(Run.dropped_events, Run.dropped_replays))[0]) == (12, 10)
