@@ -14,13 +14,17 @@ check is that everything it had committed is there and that the file is sound.
 
     python3 bench/reliability.py --out bench/results/reliability.json
     python3 bench/reliability.py --quick --out /tmp/reliability.json      # fewer writers and kills
+    git worktree add /tmp/before <commit> && python3 bench/reliability.py --code /tmp/before \
+        --out bench/results/reliability_before_fix.json      # the same scenarios, an older recorder
+
+With ``--code DIR`` the recording processes import ``capture_core`` and ``inspector`` from another
+checkout (the accounting stays this one's, and upgrades a copy of each database it reads).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import random
 import shutil
@@ -44,7 +48,7 @@ from inspector import models
 from inspector.losses import Sidecar, run_losses
 from inspector.sqlite_file import quick_check
 from inspector.store import open_store
-from tests.support.recording import SIZES, record_traffic
+from tests.support.recording import SIZES
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("captures", "violations", "replays", "eager_batches")
@@ -57,7 +61,7 @@ logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 from capture_core.descriptor import BatchDescriptor
 from capture_core.sizes import EagerReason
 from inspector.recorder import Recorder
-from tests.support.recording import FULL, capture, drift
+from recording import FULL, capture, drift
 url, path = sys.argv[1], sys.argv[2]
 d = BatchDescriptor(8, 8, True)
 reported = {"captures": 0, "violations": 0, "replays": 0, "eager_batches": 0}
@@ -118,7 +122,7 @@ for i in range(20):
 recorder.close()
 """,
     "filesystem full mid-run (tmpfs, root)": """
-from tests.support.recording import fill_filesystem
+from recording import fill_filesystem
 filler = os.path.join(os.path.dirname(path), "filler")
 fill = lambda: fill_filesystem(filler)
 recorder = start()
@@ -151,17 +155,26 @@ recorder.close()
 }
 NEEDS_ROOT = {"files made immutable mid-run (root)", "filesystem full mid-run (tmpfs, root)"}
 EPILOGUE = """
-print(json.dumps({"reported": reported, "counted": recorder.losses.as_dict()}))
+counted = recorder.losses.as_dict() if hasattr(recorder, "losses") else {"events": recorder.dropped}
+print(json.dumps({"reported": reported, "counted": counted}))
+"""
+WRITER = """
+import json, sys
+from recording import record_traffic
+print(json.dumps(record_traffic(sys.argv[1], *map(int, sys.argv[2:]))))
 """
 
 
-def child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+def child_env(code: Path) -> dict[str, str]:
+    """A child that imports the recorder from ``code`` and the workloads (``recording``) from here."""
+    path = [str(code), str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def accounted(url: str, sqlite_path: Path | None) -> tuple[dict[str, int], dict[str, int]]:
     """What the database at ``url`` holds of the events, and what is counted as dropped (the run
-    rows and the sidecar), summed over its runs."""
+    rows and the sidecar), summed over its runs. (Upgraded first: an older recorder's database.)"""
+    open_store(url).dispose()
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
@@ -177,7 +190,7 @@ def accounted(url: str, sqlite_path: Path | None) -> tuple[dict[str, int], dict[
     return {k: int(v) for k, v in recorded.items()}, {kind: getattr(dropped, kind) for kind in KINDS}
 
 
-def fault(name: str, folder: Path) -> dict[str, Any]:
+def fault(name: str, folder: Path, code: Path) -> dict[str, Any]:
     """One fault scenario in a child process; its accounting."""
     folder.mkdir(parents=True)
     mounted = None
@@ -193,12 +206,13 @@ def fault(name: str, folder: Path) -> dict[str, Any]:
     path = (mounted or folder) / "fault.db"
     url = f"sqlite:///{path}"
     if name == "corrupt file at start":
+        _create(url, code)
         _corrupt(path)
     digest = _digest(path) if path.exists() else None
     try:
         script = CHILD_PRELUDE + FAULTS[name] + EPILOGUE
         child = subprocess.run([sys.executable, "-c", script, url, str(path)], capture_output=True, text=True,
-                               timeout=600, env=child_env(), cwd=REPO)
+                               timeout=600, env=child_env(code), cwd=REPO)
     finally:
         subprocess.run(["chattr", "-i", *map(str, path.parent.glob(path.name + "*"))], capture_output=True)
         for filler in path.parent.glob("filler"):
@@ -218,13 +232,15 @@ def fault(name: str, folder: Path) -> dict[str, Any]:
     return result
 
 
-def many_writers(folder: Path, writers: int, replays_per_size: int, violations: int) -> dict[str, Any]:
+def many_writers(folder: Path, writers: int, replays_per_size: int, violations: int, code: Path
+                 ) -> dict[str, Any]:
     url = f"sqlite:///{folder / 'writers.db'}"
-    open_store(url).dispose()
+    _create(url, code)
     began = time.perf_counter()
-    with multiprocessing.get_context("spawn").Pool(writers) as pool:
-        results = pool.starmap(record_traffic, [(url, rank, replays_per_size, violations, writers)
-                                                for rank in range(writers)])
+    children = [subprocess.Popen([sys.executable, "-c", WRITER, url, str(rank), str(replays_per_size),
+                                  str(violations), str(writers)], stdout=subprocess.PIPE, text=True,
+                                 env=child_env(code), cwd=REPO) for rank in range(writers)]
+    results = [json.loads(child.communicate(timeout=600)[0].strip().splitlines()[-1]) for child in children]
     seconds = time.perf_counter() - began
     per_writer = {"captures": len(SIZES), "violations": violations, "replays": replays_per_size * len(SIZES),
                   "eager_batches": replays_per_size}
@@ -234,7 +250,7 @@ def many_writers(folder: Path, writers: int, replays_per_size: int, violations: 
     return {"writers": writers, "seconds": seconds, **_balance(reported, recorded, dropped, counted)}
 
 
-def kills(folder: Path, count: int) -> dict[str, Any]:
+def kills(folder: Path, count: int, code: Path) -> dict[str, Any]:
     """``count`` recorders into one file, each SIGKILLed at a random moment of its recording; after
     each, the file must be sound and hold everything the ledger says was committed."""
     url = f"sqlite:///{folder / 'killed.db'}"
@@ -242,8 +258,9 @@ def kills(folder: Path, count: int) -> dict[str, Any]:
     sound, kept, lost_committed = 0, 0, 0
     for n in range(count):
         ledger = folder / f"ledger-{n}.jsonl"
-        child = subprocess.Popen([sys.executable, "-m", "tests.support.recording", url, str(ledger)],
-                                 env=child_env(), cwd=REPO, stdout=subprocess.DEVNULL,
+        recording = REPO / "tests" / "support" / "recording.py"
+        child = subprocess.Popen([sys.executable, str(recording), url, str(ledger)],
+                                 env=child_env(code), cwd=REPO, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while not (ledger.exists() and ledger.stat().st_size) and time.monotonic() < deadline:
@@ -292,15 +309,25 @@ def _sidecar_only(path: Path) -> dict[str, int]:
     return found
 
 
+def _create(url: str, code: Path) -> None:
+    """An empty database at ``url``, made by ``code``'s own ``db upgrade`` (its schema)."""
+    subprocess.run([sys.executable, "-c", "import sys; from inspector.store import open_store; "
+                    "open_store(sys.argv[1]).dispose()", url], check=True, env=child_env(code), cwd=REPO)
+
+
 def _corrupt(path: Path) -> None:
-    store = open_store(f"sqlite:///{path}")
-    store.dispose()
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     with open(path, "r+b") as f:
         f.seek(4096 + 8)  # the second page (a table's root), past its header
         f.write(b"\xde\xad\xbe\xef" * 64)
+
+
+def _commit(folder: Path) -> str:
+    done = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True)
+    return done.stdout.strip() or "unknown"
 
 
 def _digest(path: Path) -> str:
@@ -315,15 +342,18 @@ def main() -> int:
     parser.add_argument("--writers", type=int, default=16)
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="4 writers, 3 kills: a smoke run")
+    parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose recorder the recording "
+                        "processes run (default: this one)")
     args = parser.parse_args()
+    code = args.code.resolve()
     if args.quick:
         args.writers, args.kills = 4, 3
     scratch = Path(tempfile.mkdtemp(prefix="reliability-"))
     scenarios: dict[str, Callable[[], dict[str, Any]]] = {
         f"{args.writers} writers, one SQLite file": lambda: many_writers(scratch / "writers", args.writers,
-                                                                         2000, 50),
-        f"{args.kills} SIGKILLs at random moments": lambda: kills(scratch / "kills", args.kills),
-    } | {name: (lambda name=name, index=index: fault(name, scratch / f"fault-{index}"))
+                                                                         2000, 50, code),
+        f"{args.kills} SIGKILLs at random moments": lambda: kills(scratch / "kills", args.kills, code),
+    } | {name: (lambda name=name, index=index: fault(name, scratch / f"fault-{index}", code))
          for index, name in enumerate(FAULTS)}
     results = {}
     try:
@@ -363,7 +393,7 @@ def main() -> int:
     print_targets(targets)
     write_results(args.out, benchmark="reliability", command=command_line(), device=torch.device("cpu"),
                   config={"writers": args.writers, "kills": args.kills, "quick": args.quick,
-                          "root": os.geteuid() == 0},
+                          "root": os.geteuid() == 0, "code": str(code), "code_commit": _commit(code)},
                   results=results, targets=targets,
                   notes=["figures from --quick are a smoke run"] if args.quick else [])
     print(f"\nwrote {args.out}")
