@@ -35,6 +35,7 @@ from inspector import models
 from inspector.batch import PendingViolation, violation_key
 from inspector.steps import EAGER, JOINED, StepSegment, Stretch, stretches
 from inspector.store import Store
+from inspector.text import column_limits, storable
 from inspector.writer import RunInfo, add_to_violation, insert_violations
 
 log = logging.getLogger("graph_inspector.ranks")
@@ -270,7 +271,8 @@ class RankCheck:
     def of(cls, info: RunInfo) -> RankCheck | None:
         """The check a recorder runs: rank 0's of a job of more than one rank, else none."""
         if info.job and info.rank == 0 and info.world_size > 1:
-            return cls(info.job, info.world_size)
+            # The job as the runs table stores it (escaped, cut to the column): what the ranks' rows hold.
+            return cls(storable(info.job, column_limits(models.Run)["job"]), info.world_size)
         return None
 
     def after_flush(self, store: Store, final: bool = False) -> int:

@@ -158,3 +158,33 @@ def test_a_storable_event_is_unchanged_by_the_boundary(sqlite_url: str) -> None:
         assert recorder.flush(timeout=20)
     row = fetch_rows(sqlite_url, select(Violation.input_name, Violation.message, Violation.wrapper))[0]
     assert tuple(row) == (finding.input_name, finding.message, finding.wrapper)
+
+
+def _job_of_two_ranks(url: str, job: str, sizes: tuple[int, int]) -> list[tuple[str, str, int]]:
+    """Rank 1 then rank 0 of ``job``, capturing one size each and replaying it; the rank
+    divergences rank 0's check recorded, and the job as stored."""
+    for rank in (1, 0):
+        descriptor = BatchDescriptor(sizes[rank], sizes[rank], True)
+        with Recorder(url, job=job, rank=rank, world_size=2, flush_interval=0.05) as recorder:
+            recorder.on_capture(capture(descriptor))
+            for _ in range(10):
+                recorder.on_replay(FULL, descriptor, sizes[rank])
+            assert recorder.flush(timeout=20), recorder.last_error
+        assert recorder.dropped == 0
+    return fetch_rows(url, select(Run.job, Violation.kind, Violation.count).join(Violation, isouter=True)
+                      .order_by(Run.id))
+
+
+def test_a_job_id_of_any_text_still_has_its_ranks_checked(db_url: str) -> None:
+    job = "job caf\udce9 \x00" + "j" * 300
+    rows = _job_of_two_ranks(db_url, job, (4, 8))
+    stored = rows[0][0]
+    assert stored.startswith("job caf\\xe9 \\x00j") and stored.endswith("characters]") and len(stored) == 200
+    assert {job for job, _, _ in rows} == {stored}, "both ranks' runs name the same job"
+    kinds = [kind for _, kind, _ in rows if kind]
+    assert kinds and set(kinds) == {"rank_divergence"}, rows
+
+
+def test_ranks_of_a_job_of_any_text_that_agree_have_no_divergence(db_url: str) -> None:
+    rows = _job_of_two_ranks(db_url, "job caf\udce9 \x00" + "j" * 300, (4, 4))
+    assert [kind for _, kind, _ in rows if kind] == [], rows
