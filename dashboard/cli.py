@@ -318,8 +318,9 @@ def _add_db(commands: argparse._SubParsersAction) -> None:
                           "unchanged",
                      description="Fold every traffic window that started more than --older-than ago into "
                                  "windows --grain wide: sums of the rows they replace, so every total, page "
-                                 "and metric reads the same, in a fraction of the rows. `graph-inspector "
-                                 "serve --retain AGE:GRAIN` does this on a schedule.",
+                                 "and metric reads the same, in a fraction of the rows (the step sequences "
+                                 "of ranks of a job too, every step kept). `graph-inspector serve --retain "
+                                 "AGE:GRAIN` does this on a schedule.",
                      epilog="example: graph-inspector db prune --older-than 7d --grain 1h")
     prune.add_argument("--db", metavar="URL", help=DB_HELP)
     prune.add_argument("--older-than", metavar="AGE", required=True,

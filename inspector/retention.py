@@ -10,7 +10,9 @@ rows of a run grow with its length in hours, not seconds.
 Folding keeps every figure: a folded row is the sum of the rows it replaces (replays, real and
 padding tokens, batches, and ``windows``, the flush windows it holds) over the union of their
 time spans, and the running totals, which every total is read from, are not touched. It is the one
-writer that removes traffic rows; ``inspector.writer`` appends them.
+writer that removes traffic rows; ``inspector.writer`` appends them. The step sequences of ranks of
+a job (``inspector.steps``) are folded the same way: the rows of a grain that follow one another
+joined into one, every step and its label kept, so the ranks' check reads the same steps.
 
 It runs as ``graph-inspector db prune --older-than 7d [--grain 1h]``, and in the daemon
 (``serve --retain 1h:1m --retain 1d:1h``) on a schedule. Each transaction folds one run's rows of
@@ -37,6 +39,7 @@ from sqlalchemy import delete as sql_delete
 
 from inspector import models
 from inspector.rollup import time_bucket
+from inspector.steps import StepSegment
 from inspector.store import Store
 
 FOLD_CACHE_KIB = -262144
@@ -171,8 +174,7 @@ def _fold_run(store: Store, run_id: int, grain: float, cutoff: float, now: float
         f = models.WindowFold
         done = conn.scalar(select(func.max(f.range_end)).where(f.run_id == run_id, f.grain == grain))
         slices: set[int] = set()
-        for spec in TABLES:
-            m = spec.model
+        for m in (*(spec.model for spec in TABLES), models.StepSequence):
             span = [m.run_id == run_id, m.window_start < cutoff]
             if done is not None:
                 span.append(m.window_start >= done - grain)
@@ -196,6 +198,12 @@ def _fold_slice(store: Store, run_id: int, start: float, end: float, grain: floa
             removed, added = removed + gone, added + made
             last_ids[spec.last_id] = last
             counts = report.by_table.setdefault(spec.table.name, [0, 0])
+            counts[0] += gone
+            counts[1] += made
+        gone, made = _fold_steps(conn, run_id, start, end, grain)
+        if gone:
+            removed, added = removed + gone, added + made
+            counts = report.by_table.setdefault(models.StepSequence.__tablename__, [0, 0])
             counts[0] += gone
             counts[1] += made
         if removed or progress:
@@ -244,6 +252,40 @@ def _fold_table(conn: Connection, spec: _Foldable, run_id: int, start: float, en
     last = conn.scalar(select(func.max(t.c.id)).where(*replaced[:4])) or 0
     removed = conn.execute(sql_delete(t).where(*replaced)).rowcount
     return removed, added, last
+
+
+def _fold_steps(conn: Connection, run_id: int, start: float, end: float, grain: float) -> tuple[int, int]:
+    """A rank's step sequences of the slice: the rows of one ``grain``-wide bucket that follow one
+    another step for step joined into one (run-length encoded: every step keeps its number and
+    label, so the ranks compare the same; a gap, steps a recorder dropped, stays a gap). (removed,
+    added)."""
+    s = models.StepSequence
+    rows = conn.execute(
+        select(s.id, s.first_step, s.window_start, s.window_end, s.sequence)
+        .where(s.run_id == run_id, s.window_start >= start, s.window_start < end)
+        .order_by(s.first_step)
+    )
+    groups: list[tuple[int, StepSegment, list[int], list[float]]] = []
+    for row_id, first_step, window_start, window_end, sequence in rows:
+        bucket = math.floor(window_start / grain)
+        if groups and groups[-1][0] == bucket and groups[-1][1].end_step == first_step:
+            _, joined, ids, span = groups[-1]
+            joined.extend(StepSegment.from_json(first_step, sequence))
+            ids.append(row_id)
+            span[1] = max(span[1], window_end)
+        else:
+            segment = StepSegment.from_json(first_step, sequence)
+            groups.append((bucket, segment, [row_id], [window_start, window_end]))
+    removed = added = 0
+    for _, joined, ids, (window_start, window_end) in groups:
+        if len(ids) < 2:
+            continue
+        conn.execute(sql_delete(s).where(s.id.in_(ids)))
+        conn.execute(insert(s).values(run_id=run_id, first_step=joined.first_step, steps=joined.steps,
+                                      window_start=window_start, window_end=window_end,
+                                      sequence=joined.to_json()))
+        removed, added = removed + len(ids), added + 1
+    return removed, added
 
 
 @contextmanager

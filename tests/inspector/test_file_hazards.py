@@ -192,8 +192,9 @@ def corrupt_copy(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.parametrize(
     "command",
     [["db", "upgrade"], ["report"], ["report", "--format", "json"], ["serve", "--port", "0"],
-     ["demo", "--no-serve", "--backend", "eager", "--steps", "5"]],
-    ids=["db upgrade", "report", "report json", "serve", "demo"],
+     ["demo", "--no-serve", "--backend", "eager", "--steps", "5"], ["db", "prune", "--older-than", "1h"],
+     ["db", "current"], ["advise"]],
+    ids=["db upgrade", "report", "report json", "serve", "demo", "db prune", "db current", "advise"],
 )
 def test_every_command_refuses_a_corrupt_file_in_one_line_and_leaves_it_untouched(
     corrupt_copy, command: list[str]

@@ -24,13 +24,22 @@ from inspector.models import (
     EagerTotal,
     ReplayTotal,
     ReplayWindow,
+    StepSequence,
     WindowFold,
 )
 from inspector.queries import Queries
 from inspector.report import build_report, render_json
 from inspector.retention import Policy, Tier, describe_duration, parse_duration, prune
+from inspector.steps import StepSegment, stretches
 from inspector.store import Store, open_store
-from inspector.writer import KnownTotals, RunInfo, append_traffic, insert_graphs, insert_run
+from inspector.writer import (
+    KnownTotals,
+    RunInfo,
+    append_steps,
+    append_traffic,
+    insert_graphs,
+    insert_run,
+)
 from tests.support.daemon import Daemon
 from tests.support.fleet import Fleet, start_fleet, write_hour
 from tests.support.installed import Program
@@ -245,3 +254,64 @@ def test_a_fleet_hour_written_by_the_minute_is_what_retention_makes_of_its_secon
             store.dispose()
     assert tables["minutes"] == tables["seconds"]
     assert len(tables["minutes"]["replay_windows"]) == 2 * 60 * fleet.graphs_active
+
+
+LABELS = ("full tokens=4,reqs=4,uniform=1", "full tokens=8,reqs=8,uniform=1", "eager")
+GAP_AT = 3600 + 1830
+"""The window whose steps rank 1's recorder dropped (mid-minute, in the second hour): a gap in its
+record, 3 steps wide."""
+
+
+def _record_steps(store: Store) -> list[int]:
+    """Two ranks of a job, a flush a second for ``HOURS``: 3 steps a window, their labels changing
+    within and across windows; rank 1's record has a gap. The run ids."""
+    run_ids = []
+    for rank in range(2):
+        start = NOW - HOURS * 3600
+        with store.writer() as conn:
+            info = RunInfo(f"rank {rank}", "node", 100 + rank, "engine", rank, 2, "cpu", "{}", start - 1,
+                           job="job")
+            run_ids.append(run_id := insert_run(conn, info, start))
+            step = 0
+            for i in range(HOURS * 3600):
+                segment = StepSegment(step)
+                for n in range(3):
+                    segment.add(LABELS[(i // 2 + n * (rank + 1)) % 3])
+                step += 3
+                if rank == 1 and i == GAP_AT:
+                    continue
+                append_steps(conn, run_id, segment, TrafficWindow(start + i, start + i + 1.0))
+    return run_ids
+
+
+def _steps_read(store: Store, run_ids: list[int]) -> list[tuple[int, int, dict[int, str]]]:
+    """Every stretch of steps the ranks' check would walk."""
+    s = StepSequence
+    with store.engine.connect() as conn:
+        sequences = {rank: [StepSegment.from_json(first, text) for first, text in conn.execute(
+            select(s.first_step, s.sequence).where(s.run_id == run_id).order_by(s.first_step))]
+            for rank, run_id in enumerate(run_ids)}
+    walked = stretches(sequences, 0, HOURS * 3600 * 3)
+    return [(stretch.start, stretch.stop, stretch.labels) for stretch in walked]
+
+
+def test_step_sequences_fold_into_a_row_per_grain_with_every_step_kept(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        run_ids = _record_steps(store)
+        before = _steps_read(store, run_ids)
+        assert len(before) > HOURS * 3600 and all(len(labels) == 2 for _, _, labels in before)
+        report = prune(store, POLICY, now=NOW)
+        # Rows removed and made: two hours of seconds into minutes, then the oldest hour's minutes
+        # into ten minutes.
+        assert report.by_table["step_sequences"] == [2 * 7200 - 1 + 2 * 60, 2 * 120 + 1 + 2 * 6]
+        with store.engine.connect() as conn:
+            rows = conn.execute(select(StepSequence.run_id, func.count()).group_by(StepSequence.run_id)
+                                .order_by(StepSequence.run_id)).all()
+        # The last hour a row a second, the hour before a row a minute, the first by ten minutes;
+        # rank 1's gap (in the hour before) splits its minute in two.
+        assert [count for _, count in rows] == [3600 + 60 + 6, 3600 + 61 + 6]
+        assert _steps_read(store, run_ids) == before, "every step of every rank reads the same"
+        assert prune(store, POLICY, now=NOW).rows_removed == 0
+    finally:
+        store.dispose()
