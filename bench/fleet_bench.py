@@ -2,8 +2,9 @@
 unfolded replay windows on PostgreSQL.
 
 ``week``: 64 ranks (one run each, every capture size of vLLM's list up to 256 captured, 100
-address-drift findings each) flush every second for seven days (``tests/support/fleet.py``: 4
-graphs replayed, 6 batch sizes and an eager batch every 10 s per rank and second) under the
+address-drift findings each, all ranks of one job) flush every second for seven days
+(``tests/support/fleet.py``: 4 graphs replayed, 8 batch sizes, an eager batch every 10 s and a
+step-sequence row of 10 steps per rank and second) under the
 retention policy the daemon would run (``--retain 1h:1m --retain 1d:1h``). The last
 ``--raw-hours`` (25) are written a window per second and folded after every simulated hour, as
 ``serve --retain`` does on its schedule; the hours before are written as the one-minute windows
@@ -52,11 +53,11 @@ from inspector import models
 from inspector.retention import Policy, Tier, prune
 from inspector.store import Store, open_store
 from tests.support.daemon import Daemon
-from tests.support.fleet import Fleet, finish_fleet, start_fleet, write_hour, write_unfolded
+from tests.support.fleet import JOB, Fleet, finish_fleet, start_fleet, write_hour, write_unfolded
 from tests.support.postgres import throwaway_cluster
 
 POLICY_ARGS = ("1h:1m", "1d:1h")
-TRAFFIC_TABLES = (models.ReplayWindow, models.EagerFallback, models.BatchSizeCount)
+TABLES = (models.ReplayWindow, models.EagerFallback, models.BatchSizeCount, models.StepSequence)
 
 
 def endpoints(run_id: int, graph_id: int, violation_id: int) -> dict[str, tuple[str, float]]:
@@ -73,7 +74,8 @@ def endpoints(run_id: int, graph_id: int, violation_id: int) -> dict[str, tuple[
         "/api/violations/<id>": f"/api/violations/{violation_id}", "/api/compile": "/api/compile",
         "/api/runs": "/api/runs", "/api/runs/<id>": f"/api/runs/{run_id}",
         "/api/runs/compare": f"/api/runs/compare?a={run_id}&b={run_id + 1}", "/api/advice": "/api/advice",
-        "/healthz": "/healthz",
+        "/healthz": "/healthz", "jobs page": "/jobs", "ranks page": f"/ranks?job={JOB}",
+        "/api/jobs": "/api/jobs", "/api/ranks": f"/api/ranks?job={JOB}",
     }
     return {name: (path, PAGE_TARGET_MS) for name, path in pages.items()} | {"/metrics": ("/metrics",
                                                                                         METRICS_TARGET_MS)}
@@ -129,7 +131,7 @@ def simulate_week(store: Store, fleet: Fleet, hours: int, raw_hours: int, end: f
 def rows(store: Store) -> dict[str, int]:
     with store.engine.connect() as conn:
         return {m.__tablename__: conn.scalar(select(func.count()).select_from(m))
-                for m in (*TRAFFIC_TABLES, models.Graph, models.Violation, models.Run)}
+                for m in (*TABLES, models.Graph, models.Violation, models.Run)}
 
 
 def size_bytes(store: Store) -> int:

@@ -52,7 +52,9 @@ def test_the_fleet_benchmark_times_every_page_over_a_folded_fleet(tmp_path: Path
     assert built["rows_folded"] > 0 and built["rows"]["runs"] == 4
     # 3 hours: the last at 1 s (4 graphs a second), the first two by the minute.
     assert built["rows"]["replay_windows"] == 4 * 4 * (3600 + 2 * 60)
+    assert built["rows"]["step_sequences"] == 4 * (3600 + 2 * 60), "a job's step sequences are folded too"
     endpoints = payload["results"]["endpoints"]
-    assert {"overview page", "graph page", "advice page", "/api/advice", "/metrics"} <= set(endpoints)
+    assert {"overview page", "graph page", "advice page", "/api/advice", "/metrics", "ranks page",
+            "/api/jobs"} <= set(endpoints)
     assert all(e["requests"] == 5 and e["bytes"] > 0 for e in endpoints.values())
     assert len(payload["targets"]) == len(endpoints)
