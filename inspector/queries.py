@@ -254,7 +254,9 @@ class Queries:
             divergences = [{"rank": rank_of[v.run_id], "violation": fields.violation(v)} for v in found]
             diverged = {(rank_of[v.run_id], v.mode, v.descriptor_key) for v in found}
             per_run = {run_id: sum(v.count for v in found if v.run_id == run_id) for run_id in run_ids}
-            runs = self._run_rows(session, [session.get(Run, run_id) for run_id in run_ids])
+            # One query for the runs, not one a rank.
+            loaded = {run.id: run for run in session.scalars(select(Run).where(Run.id.in_(run_ids)))}
+            runs = self._run_rows(session, [loaded[run_id] for run_id in run_ids])
         counts = {key: traffic.replays for key, traffic in replays.items()}
         return {
             "job": job,
@@ -369,6 +371,17 @@ class Queries:
             none = TrafficTotals()
             items = [{**fields.graph(g), "traffic": traffic.get((g.id,), none).as_dict()} for g in graphs]
         return Page(items, page, per_page, total)
+
+    def start_up_graphs(self, run_ids: Sequence[int] | None = None) -> list[tuple[int, float, int]]:
+        """(captured size, capture seconds, pool bytes) of each graph the runs (every run when None)
+        captured at start-up, not the unexpected ones: what the advice's cost model is fitted to."""
+        query = select(Graph.captured_size, Graph.capture_seconds, Graph.pool_bytes).where(
+            Graph.unexpected.is_(False))
+        if run_ids is not None:
+            query = query.where(Graph.run_id.in_(run_ids))
+        with self._session() as session:
+            return [(int(size), float(seconds), int(pool)) for size, seconds, pool in session.execute(
+                query.order_by(Graph.id))]
 
     def graph_functions(
         self, *, run_id: int | None = None, mode: str | None = None, size: int | None = None
