@@ -6,6 +6,7 @@ presentation. Every function raises a werkzeug HTTPException (400/404) for a bad
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -144,11 +145,22 @@ def compare() -> Resource:
     return Resource(found)
 
 
+@functools.lru_cache(maxsize=16)
+def _advice(histogram: Any, capture_sizes: tuple[int, ...], source: str, max_graphs: int | None,
+            max_size: int | None, costs: Any) -> Any:
+    """The advice is a function of the recorded traffic it is given (all of it hashable): asked
+    again while nothing new is recorded, it is answered from here. (Optimising a fleet's histogram
+    takes 50 ms and more of a core; the histogram changes with every flush of a live run.)"""
+    from inspector.advice.recommend import advise
+
+    return advise(histogram, capture_sizes, source=source, max_graphs=max_graphs, max_size=max_size,
+                  costs=costs)
+
+
 def advice() -> Resource:
     """The capture sizes the recorded traffic wants (``?run=`` one run, else every run pooled;
     ``?max_graphs=``, ``?max_size=``). When there is nothing to advise on, ``advice`` is null and
     ``unavailable`` says why: an empty database is not a bad request."""
-    from inspector.advice.recommend import advise
     from inspector.advice.recorded import read_recorded
     from inspector.advice.render import as_dict
     from inspector.errors import UsageError
@@ -162,8 +174,8 @@ def advice() -> Resource:
         raise BadRequest(f"max_size {max_size} is above the engine's largest batch ({recorded.engine_max})")
     filters = {"run": run_id, "max_graphs": max_graphs, "max_size": max_size}
     try:
-        found = advise(recorded.histogram, recorded.capture_sizes, source=recorded.source,
-                       max_graphs=max_graphs, max_size=max_size, costs=recorded.costs)
+        found = _advice(recorded.histogram, recorded.capture_sizes, recorded.source, max_graphs, max_size,
+                        recorded.costs)
     except UsageError as why:
         return Resource({"filters": filters, "advice": None, "unavailable": str(why)})
     return Resource({"filters": filters, "advice": as_dict(found), "unavailable": None})

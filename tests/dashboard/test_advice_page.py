@@ -7,10 +7,13 @@ import re
 
 from flask.testing import FlaskClient
 
+from capture_core.modes import CUDAGraphMode
+from capture_core.sizes import EagerReason
 from inspector.advice.recommend import advise
 from inspector.advice.recorded import read_recorded
 from inspector.advice.render import as_dict, config_lines
 from inspector.queries import Queries
+from inspector.recorder import Recorder
 from inspector.store import open_store
 
 
@@ -66,3 +69,23 @@ def test_bad_questions_are_4xx_and_an_empty_database_is_a_notice(client: FlaskCl
     assert data["advice"] is None and "no batches recorded" in data["unavailable"]
     page = empty.get("/advice").get_data(as_text=True)
     assert 'id="advice-unavailable"' in page and "no batches recorded" in page
+
+
+def test_the_advice_follows_what_is_recorded_after_it_was_asked(client: FlaskClient, db_url: str,
+                                                                 seeded) -> None:
+    """The advice is kept for the traffic it was made from, and made again once more is recorded."""
+    first = api(client, "/api/advice")["data"]["advice"]
+    assert api(client, "/api/advice")["data"]["advice"] == first
+    with Recorder(db_url, label="a new run", flush_interval=0.05) as recorder:
+        for _ in range(5000):
+            recorder.on_eager(EagerReason.ABOVE_MAX_CAPTURE_SIZE, 3, CUDAGraphMode.FULL)
+        assert recorder.flush(timeout=20), recorder.last_error
+    again = api(client, "/api/advice")["data"]["advice"]
+    store = open_store(db_url, upgrade=False)
+    try:
+        recorded = read_recorded(Queries(store.engine), None, store.display_url)
+    finally:
+        store.dispose()
+    expected = as_dict(advise(recorded.histogram, recorded.capture_sizes, source=recorded.source,
+                              costs=recorded.costs))
+    assert again == json.loads(json.dumps(expected)) and again != first
