@@ -104,6 +104,7 @@ def hot_path(recorder: Any, rank_recorder: Any, events: list, rounds: int) -> di
 def flush_throughput(graphs: int, repeats: int) -> dict[str, Any]:
     """Rows per second the writer commits: one flush of ``graphs`` graph keys' windows and totals."""
     from inspector.batch import FlushBatch, ReplayDelta, TrafficWindow, graph_key
+    from inspector.losses import Losses
     from inspector.store import open_store
     from inspector.writer import RunInfo, RunWriter
 
@@ -124,7 +125,7 @@ def flush_throughput(graphs: int, repeats: int) -> dict[str, Any]:
                 batch_traffic.replays[graph_key(FULL, descriptor)] = delta
                 batch_traffic.batch_sizes[descriptor.num_tokens] = 100
             violations = {}
-            batch = FlushBatch([], violations, batch_traffic, "eager", 0)
+            batch = FlushBatch([], violations, batch_traffic, "eager", losses=Losses())
             start = time.perf_counter()
             writer.write(batch, now)
             seconds = time.perf_counter() - start
