@@ -15,7 +15,7 @@ import pytest
 from dashboard.cli import _load, build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
-COMMANDS = {"demo", "serve", "report", "advise", "watch", "db upgrade", "db current"}
+COMMANDS = {"demo", "serve", "report", "advise", "watch", "db upgrade", "db current", "db prune"}
 WORK = ("dashboard.demo.", "inspector.commands.watch", "inspector.advice")
 """Modules that do a command's work: `--help` needs none of them."""
 HEAVY = ("torch", "numpy", "flask", "sqlalchemy", "alembic", "waitress", "prometheus_client", "tqdm")
