@@ -94,7 +94,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "counter",
         ("kind",),
         "Violations seen (every occurrence), by kind: address_drift, layout_mismatch, stale_input, "
-        "unexpected_capture, replay_mismatch, rerecord_storm, compile_skip",
+        "unexpected_capture, replay_mismatch, rank_divergence, rerecord_storm, compile_skip",
     ),
     MetricSpec(
         f"{PREFIX}compile_events_total",
