@@ -1,0 +1,224 @@
+"""The flush thread's half of a recorder: what it takes from the engine's counters and queues, and
+how it gets that into the database (``inspector.recorder`` tells the whole story).
+
+Each window it copies the counters, diffs the copy against what the database holds (the snapshot
+of the last commit) and writes the difference with the records pending, in one transaction
+(``inspector.writer``); only a commit moves the snapshot. A vanished SQLite file is recreated and
+what went into it is written again; a batch the database refuses as it is gives up its records
+(or its traffic) and counts them as lost; the trouble with the database is ``inspector.outage``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from capture_core.events import CaptureEvent, ViolationEvent
+from inspector.batch import EagerKey, FlushBatch, PendingRecords, ReplayKey, TrafficWindow, traffic_since
+from inspector.errors import DatabaseError
+from inspector.losses import Losses, RunIdentity, settle
+from inspector.outage import Outage, first_line, refused_as_it_is
+from inspector.ranks import RankCheck
+from inspector.steps import StepLog
+from inspector.store import Store, StoreCorrupt, StoreUnavailable, StoreVanished, open_store, sqlite_file
+from inspector.writer import RunInfo, RunWriter, update_run
+
+log = logging.getLogger("graph_inspector.recorder")
+
+
+class Flusher:
+    """Writes one recorder's run: its counters (``replays``, ``eager``: key -> [count], bumped by the
+    engine's thread), its queued ``captures`` and ``violations``, and the order of its batches
+    (``step_log``). ``arrivals`` are the losses the engine's thread counted; the flusher's own are
+    apart. Every method but ``losses`` and ``take_traffic`` runs on the flush thread."""
+
+    def __init__(self, url: str, info: RunInfo, max_pending: int, *, replays: dict[ReplayKey, list[int]],
+                 eager: dict[EagerKey, list[int]], captures: deque[CaptureEvent],
+                 violations: deque[ViolationEvent], arrivals: Losses, step_log: StepLog | None) -> None:
+        self.url, self.info = url, info
+        self._replays, self._eager = replays, eager
+        self._captures, self._violations, self._arrivals = captures, violations, arrivals
+        self.step_log = step_log
+        self._rank_check = RankCheck.of(info)
+        self.store: Store | None = None
+        self._writer: RunWriter | None = None
+        self.pending = PendingRecords(max_pending)
+        self._committed_replays: dict[ReplayKey, int] = {}
+        self._committed_eager: dict[EagerKey, int] = {}
+        self._window_start = time.time()
+        self._backend: str | None = None
+        self._lost = Losses()
+        self._recorded_losses = Losses()
+        """The losses the run's row (or the sidecar) holds."""
+        self.outage = Outage(url)
+
+    @property
+    def run_id(self) -> int | None:
+        return None if self._writer is None else self._writer.run_id
+
+    def dispose(self) -> None:
+        if self.store is not None:
+            self.store.dispose()
+
+    def losses(self) -> Losses:
+        """What the engine's thread and the flusher dropped (not the traffic left unwritten)."""
+        losses = self._arrivals.copy()
+        losses.add(self._lost)
+        return losses
+
+    def first_attempt(self, wall: float) -> None:
+        """Open the database and write the run row, once, as the recorder starts: ``DatabaseError`` for
+        what no retry can fix; any other failure is the outage's, to retry."""
+        try:
+            self._open(wall)
+        except DatabaseError as error:
+            if not isinstance(error, (StoreUnavailable, StoreCorrupt)):
+                raise
+            self.outage.failed(error, time.monotonic())
+        except Exception as error:  # whatever else goes wrong is the recorder's, never the engine's
+            self.outage.failed(error, time.monotonic())
+
+    def drain_queues(self) -> None:
+        while self._captures:
+            event = self._captures.popleft()
+            if self._admit(self.pending.add_capture, event):
+                self._backend = getattr(event, "backend", self._backend)
+            else:
+                self._lose(Losses(captures=1), "a capture")
+        while self._violations:
+            if not self._admit(self.pending.add_violation, self._violations.popleft()):
+                self._lose(Losses(violations=1), "a violation")
+
+    @staticmethod
+    def _admit(add: Any, event: Any) -> bool:
+        """``add(event)``: False when the pending set is full, or the event is malformed."""
+        try:
+            return bool(add(event))
+        except Exception:  # a malformed event must not stop the recording of every later one
+            log.exception("graph-inspector recorder: could not queue an event; it was dropped")
+            return False
+
+    def flush_once(self, include_traffic: bool, ended: bool) -> bool:
+        """One attempt at one transaction; True when it committed."""
+        wall = time.time()
+        if self.outage.refused:
+            return False
+        batch = None
+        try:
+            if self._writer is not None and self._writer.store.vanished():
+                self._on_vanished()
+            writer = self._writer or self._open(wall)
+            steps = None
+            if include_traffic:
+                if self.step_log is not None:  # before the counters: every cell taken is in them
+                    steps = self.step_log.pending(self._replays, self._eager, final=ended)
+                traffic, replay_counts, eager_counts = self.take_traffic(wall)
+            else:
+                traffic, replay_counts, eager_counts = TrafficWindow(self._window_start, wall), None, None
+            batch = FlushBatch(
+                captures=self.pending.captures_to_write(),
+                violations=dict(self.pending.violations),
+                traffic=traffic,
+                backend=self._backend,
+                losses=self.losses(),
+                ended_at=wall if ended else None,
+                steps=steps,
+            )
+            writer.write(batch, wall)
+        except Exception as error:
+            if isinstance(error, StoreVanished):
+                self._on_vanished()
+            elif batch is not None and refused_as_it_is(error):
+                self._shed(batch, (replay_counts, eager_counts), error)
+            self.outage.failed(error, time.monotonic())
+            return False
+        # Committed (the queues are drained on this thread only, so nothing arrived meanwhile).
+        self._recorded_losses = batch.losses
+        self.pending.clear()
+        self.pending.resend_graphs = False
+        if replay_counts is not None and eager_counts is not None:
+            self._committed_replays = replay_counts
+            self._committed_eager = eager_counts
+            self._window_start = traffic.window_end
+            if self.step_log is not None:
+                self.step_log.committed()
+            if self._rank_check is not None:
+                self._rank_check.after_flush(writer.store, final=ended)
+        self.outage.committed(writer.store.display_url)
+        return True
+
+    def _open(self, wall: float) -> RunWriter:
+        store = open_store(self.url)
+        writer = RunWriter(store, self.info)
+        try:
+            writer.create_run(wall, self._backend)
+        except Exception:
+            store.dispose()
+            raise
+        self.store, self._writer = store, writer
+        return writer
+
+    def _on_vanished(self) -> None:
+        if self.store is None:
+            return
+        log.warning(
+            "graph-inspector recorder: the database file %s vanished; recording into a new one",
+            self.store.sqlite_path,
+        )
+        self.store.dispose()
+        self.store = self._writer = None
+        self.pending.resend_graphs = True
+
+    def _shed(self, batch: FlushBatch, snapshot: tuple[dict | None, dict | None], error: BaseException
+              ) -> None:
+        """The database refused the batch as it is (a value it cannot store), which no retry can
+        change: give up its records, or, when it had none, its traffic, so the rest gets through."""
+        if batch.captures or batch.violations:
+            lost, what = self.pending.shed(), "records the database refused"
+        elif snapshot[0] is not None and snapshot[1] is not None:
+            lost, what = Losses(), "a traffic window the database refused"
+            lost.add_traffic(batch.traffic)
+            self._committed_replays, self._committed_eager = snapshot  # dealt with: counted as lost
+        else:
+            return
+        self._lose(lost, f"{what}: {first_line(error)}")
+
+    def take_traffic(self, wall: float) -> tuple[TrafficWindow, dict, dict]:
+        """The counts since the last commit, and the snapshot to adopt if the write commits."""
+        replay_counts = {key: cell[0] for key, cell in self._replays.copy().items()}
+        eager_counts = {key: cell[0] for key, cell in self._eager.copy().items()}
+        window = TrafficWindow(self._window_start, wall)
+        traffic_since(window, replay_counts, self._committed_replays, eager_counts, self._committed_eager)
+        return window, replay_counts, eager_counts
+
+    def _lose(self, lost: Losses, what: str) -> None:
+        self._lost.add(lost)
+        log.error("graph-inspector recorder: dropped %s (%s); %s events dropped in all", lost.describe(),
+                  what, f"{self.losses().events:,}")
+
+    def drop_everything(self) -> None:
+        traffic, self._committed_replays, self._committed_eager = self.take_traffic(time.time())
+        lost = self.pending.clear()  # the snapshot is dealt with: counted as lost, just below
+        lost.add_traffic(traffic)
+        if self.step_log is not None:  # the order of batches counted above, not events
+            self.step_log.drop()
+        if lost:
+            self._lose(lost, self.outage.trouble)
+
+    def settle(self, total: Losses, why: str, *, try_database: bool) -> None:
+        """Put ``total`` (the recorder's losses, in all) where a reader finds them, if the run's row
+        does not hold them yet."""
+        writer, write_row = self._writer, None
+        if try_database and writer is not None and writer.run_id is not None and not self.outage.refused:
+            run_id = writer.run_id
+
+            def write_row(losses: Losses) -> None:
+                with writer.store.writer() as conn:
+                    update_run(conn, run_id, time.time(), losses=losses)
+
+        who = RunIdentity(self.run_id, self.info.host, self.info.pid, self.info.started_at)
+        self._recorded_losses = settle(total, self._recorded_losses, write_row=write_row,
+                                       database=sqlite_file(self.url), who=who, why=why,
+                                       trouble=self.outage.trouble)
