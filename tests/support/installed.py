@@ -105,7 +105,9 @@ class Installation:
         _step([sys.executable, "-m", "venv", str(made.venv)])
         pip = [str(made.venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         _step([*pip, TORCH], cwd=root)
-        _step([*pip, str(made.wheel)], cwd=root)
+        # With the PostgreSQL driver, as a daemon on PostgreSQL is installed (graph-inspector[postgres]):
+        # the fleet benchmark's test serves a PostgreSQL database through this install.
+        _step([*pip, f"{made.wheel}[postgres]"], cwd=root)
         return made
 
 
