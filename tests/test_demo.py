@@ -289,6 +289,7 @@ def test_ctrl_c_mid_run_keeps_what_was_recorded_and_ends_the_run(tmp_path: Path)
         [sys.executable, "-m", "dashboard.cli", "demo", "--no-serve", "--steps", "100000",
          "--backend", "eager", "--max-batch", "32", "--db", f"sqlite:///{db}"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_ctrl_c_as_at_a_terminal,
     )
     try:
         deadline = time.monotonic() + 180
@@ -309,6 +310,17 @@ def test_ctrl_c_mid_run_keeps_what_was_recorded_and_ends_the_run(tmp_path: Path)
     assert rows(db, "SELECT SUM(replays) FROM replay_windows")[0][0] > 0
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """In the demo's process, before it starts: SIGINT as a terminal's foreground job has it.
+
+    A test run started in the background of a shell without job control (``cmd &`` in a script,
+    ``nohup``) ignores SIGINT, and a child inherits that, so Python installs no KeyboardInterrupt
+    handler and the Ctrl-C these tests send would be lost: what is tested is the demo's answer to
+    a user's Ctrl-C, not the disposition the test runner happened to inherit.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -324,6 +336,7 @@ def test_demo_serves_the_dashboard_until_interrupted(tmp_path: Path) -> None:
         [sys.executable, "-m", "dashboard.cli", "demo", "--steps", "5", "--backend", "eager",
          "--max-batch", "32", "--db", f"sqlite:///{db}", "--port", str(port)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_ctrl_c_as_at_a_terminal,
     )
     url = f"http://127.0.0.1:{port}"
     try:
