@@ -5,14 +5,22 @@ of flattened tokens (vLLM style: request 0's tokens, then request 1's, ...) is c
 ``num_ubatches`` micro-batches at fixed token offsets. Cutting by tokens, not requests, keeps every
 micro-batch the same shape (so one graph serves them all), at the price that a request may straddle
 two micro-batches. Only the last micro-batch absorbs the padding up to the captured size.
+
+Engines hold these counts in arrays (vLLM passes ``num_scheduled_tokens`` as a numpy array), so an
+integer of any integral type is taken: Python's, numpy's, a 0-d integer tensor; a bool, a float or
+a negative count is refused with the argument's name.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,7 @@ def check_ubatch_thresholds(config: UBatchConfig, num_tokens: int, uniform_decod
     """Whether a step of ``num_tokens`` is big enough to be worth splitting (False when off)."""
     if not config.enabled:
         return False
+    num_tokens = _integer(num_tokens, "num_tokens", minimum=0)
     if uniform_decode:
         return num_tokens >= config.decode_token_threshold
     return num_tokens >= config.prefill_token_threshold
@@ -107,8 +116,10 @@ def is_last_ubatch_empty(orig_num_tokens: int, padded_num_tokens: int, num_ubatc
     Splits fall at multiples of ``padded_num_tokens // num_ubatches``; a last micro-batch with no
     real token would run a graph on pure padding, so callers abort micro-batching instead.
     """
-    _check_num_ubatches(num_ubatches)
-    if orig_num_tokens < 0 or padded_num_tokens < orig_num_tokens:
+    num_ubatches = _integer(num_ubatches, "num_ubatches", minimum=1)
+    orig_num_tokens = _integer(orig_num_tokens, "orig_num_tokens", minimum=0)
+    padded_num_tokens = _integer(padded_num_tokens, "padded_num_tokens", minimum=0)
+    if padded_num_tokens < orig_num_tokens:
         raise ValueError(
             f"need 0 <= orig_num_tokens <= padded_num_tokens, got {orig_num_tokens} and {padded_num_tokens}"
         )
@@ -133,11 +144,11 @@ def maybe_create_ubatch_slices(
     """
     if not should_ubatch:
         return None, None
-    _check_num_ubatches(num_ubatches)
-    counts = list(num_scheduled_tokens)
-    for index, count in enumerate(counts):
-        if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
-            raise ValueError(f"num_scheduled_tokens[{index}] must be a positive integer, got {count!r}")
+    num_ubatches = _integer(num_ubatches, "num_ubatches", minimum=1)
+    counts = [_integer(count, f"num_scheduled_tokens[{index}]", minimum=1)
+              for index, count in enumerate(num_scheduled_tokens)]
+    num_tokens_padded = _integer(num_tokens_padded, "num_tokens_padded", minimum=0)
+    num_reqs_padded = _integer(num_reqs_padded, "num_reqs_padded", minimum=0)
     if not counts:
         raise ValueError("cannot micro-batch a step with no requests")
     num_tokens = sum(counts)
@@ -180,7 +191,8 @@ def _split_points(
 ) -> list[int]:
     if split_point is None:
         split_point = num_tokens_padded // num_ubatches
-    if isinstance(split_point, int) and not isinstance(split_point, bool):
+    if _is_integer(split_point):
+        split_point = operator.index(split_point)
         if split_point <= 0 and num_ubatches > 1:
             raise ValueError(
                 f"split point stride must be positive, got {split_point} "
@@ -188,17 +200,36 @@ def _split_points(
             )
         points = [split_point * i for i in range(1, num_ubatches)]
     else:
-        points = list(split_point)
-        if len(points) != num_ubatches - 1:
-            raise ValueError(f"{num_ubatches} ubatches need {num_ubatches - 1} split points, got {points}")
+        given = list(split_point)
+        if len(given) != num_ubatches - 1:
+            raise ValueError(f"{num_ubatches} ubatches need {num_ubatches - 1} split points, got {given}")
+        if not all(_is_integer(point) for point in given):
+            raise ValueError(f"split points must be strictly increasing positive integers, got {given}")
+        points = [operator.index(point) for point in given]
     previous = 0
     for point in points:
-        if isinstance(point, bool) or not isinstance(point, int) or point <= previous:
+        if point <= previous:
             raise ValueError(f"split points must be strictly increasing positive integers, got {points}")
         previous = point
     return points
 
 
-def _check_num_ubatches(num_ubatches: int) -> None:
-    if isinstance(num_ubatches, bool) or not isinstance(num_ubatches, int) or num_ubatches < 1:
-        raise ValueError(f"num_ubatches must be an integer >= 1, got {num_ubatches!r}")
+def _is_integer(value: Any) -> bool:
+    """An integral value that is not a bool: a Python or numpy integer, a 0-d integer tensor."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and not (value.dtype.is_floating_point or value.dtype.is_complex
+                                        or value.dtype == torch.bool)
+    try:
+        operator.index(value)  # numpy's bool and floats have no __index__
+    except TypeError:
+        return False
+    return True
+
+
+def _integer(value: Any, name: str, minimum: int) -> int:
+    """``value`` as an ``int`` at least ``minimum``; ValueError naming ``name`` otherwise."""
+    if not _is_integer(value) or operator.index(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return operator.index(value)

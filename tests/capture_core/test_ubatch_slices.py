@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -109,7 +111,7 @@ def test_off_returns_none() -> None:
         (([1, 1], 2, 2, 0), "num_ubatches must be an integer >= 1"),
         (([3, 3], 5, 2, 2), r"num_tokens_padded \(5\) is below the real token count \(6\)"),
         (([3, 3], 6, 1, 2), r"num_reqs_padded \(1\) is below the real request count \(2\)"),
-        (([3, 0], 6, 2, 2), r"num_scheduled_tokens\[1\] must be a positive integer"),
+        (([3, 0], 6, 2, 2), r"num_scheduled_tokens\[1\] must be an integer >= 1, got 0"),
         (([], 4, 0, 2), "no requests"),
         (([1, 1], 8, 2, 2), "the last ubatch would hold no real token"),
     ],
@@ -117,6 +119,43 @@ def test_off_returns_none() -> None:
 def test_inconsistent_inputs_get_clear_errors(args: tuple, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         maybe_create_ubatch_slices(True, *args)
+
+
+def test_engines_arrays_of_counts_are_taken_as_integers() -> None:
+    # vLLM's model runner passes num_scheduled_tokens as a numpy array, and its padded sizes as numpy
+    # or torch integers: the slices are the ones Python integers give, made of Python integers.
+    expected = maybe_create_ubatch_slices(True, [3, 1, 4], 8, 3, 2)
+    for counts in (np.array([3, 1, 4], dtype=np.int32), np.array([3, 1, 4], dtype=np.int64),
+                   torch.tensor([3, 1, 4]), [np.uint8(3), torch.tensor(1), 4]):
+        got = maybe_create_ubatch_slices(True, counts, np.int64(8), torch.tensor(3), np.int32(2),
+                                         split_point=np.int64(4))
+        assert got == expected
+        assert all(type(bound) is int for part in got for s in part for bound in s.as_tuple())
+    assert maybe_create_ubatch_slices(True, [3, 1, 4], 8, 3, 2, split_point=np.array([4])) == expected
+    assert is_last_ubatch_empty(np.int32(3), torch.tensor(8), np.int64(2)) is True
+    assert check_ubatch_thresholds(UBatchConfig(enabled=True), np.int32(32), True) is True
+
+
+@pytest.mark.parametrize(
+    "count",
+    [True, np.bool_(True), torch.tensor(True), -1, np.int32(-2), torch.tensor(-3), 0, np.int64(0),
+     1.0, np.float32(2.0), torch.tensor(2.0), "2", None, torch.tensor([1, 2])],
+    ids=repr,
+)
+def test_a_count_that_is_not_a_positive_integer_is_refused(count: object) -> None:
+    with pytest.raises(ValueError, match=r"num_scheduled_tokens\[1\] must be an integer >= 1, got "):
+        maybe_create_ubatch_slices(True, [4, count], 8, 2, 2)
+
+
+@pytest.mark.parametrize("bad", [True, np.bool_(False), -1, 2.0, np.float64(8.0), torch.tensor(8.5)],
+                         ids=repr)
+def test_padded_sizes_and_ubatch_counts_refuse_bools_negatives_and_floats(bad: object) -> None:
+    for args, name in (((bad, 2, 2), "num_tokens_padded"), ((8, bad, 2), "num_reqs_padded"),
+                       ((8, 2, bad), "num_ubatches")):
+        with pytest.raises(ValueError, match=f"{name} must be an integer"):
+            maybe_create_ubatch_slices(True, [4, 4], *args)
+    with pytest.raises(ValueError, match="strictly increasing positive integers"):
+        maybe_create_ubatch_slices(True, [4, 4], 8, 2, 2, split_point=[bad])
 
 
 @pytest.mark.parametrize(
