@@ -6,13 +6,21 @@ of the last commit) and writes the difference with the records pending, in one t
 (``inspector.writer``); only a commit moves the snapshot. A vanished SQLite file is recreated and
 what went into it is written again; a batch the database refuses as it is gives up its records
 (or its traffic) and counts them as lost; the trouble with the database is ``inspector.outage``'s.
+
+What the thread has not written is its to answer for until ``close()`` stops waiting for it
+(``Custody``): then ``close()`` counts it as lost, and the thread, whenever it gets through, finds
+that and writes nothing more. So every event is written or counted once, however long a write
+waits on the database's lock.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from capture_core.events import CaptureEvent, ViolationEvent
@@ -26,6 +34,41 @@ from inspector.store import Store, StoreCorrupt, StoreUnavailable, StoreVanished
 from inspector.writer import RunInfo, RunWriter, update_run
 
 log = logging.getLogger("graph_inspector.recorder")
+
+
+class TakenOver(Exception):
+    """``close()`` answered for what the flush thread had not written: the thread changes nothing more."""
+
+
+class Custody:
+    """Who answers for the events a recorder has not written: its flush thread, until ``close()``
+    gives up waiting for it and takes them over.
+
+    The thread makes every change to what it answers for (queued records into its pending set, a
+    commit and what it adopts from it, a loss counted) holding the custody, which raises
+    ``TakenOver`` once ``close()`` has it. A commit holds it from the moment the transaction has the
+    write lock until the commit is adopted, so ``close()`` never counts as lost what the database
+    keeps, nor misses what it does not: it waits for a commit under way, never for a lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # the thread may take it again inside a write that holds it
+        self.taken_over = False
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            if self.taken_over:
+                raise TakenOver
+            yield
+
+    def take_over(self, timeout: float) -> bool:
+        """Take it from the thread (False when a commit under way did not end within ``timeout``)."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        self.taken_over = True
+        self._lock.release()
+        return True
 
 
 class Flusher:
@@ -53,6 +96,7 @@ class Flusher:
         self._recorded_losses = Losses()
         """The losses the run's row (or the sidecar) holds."""
         self.outage = Outage(url)
+        self.custody = Custody()
 
     @property
     def run_id(self) -> int | None:
@@ -101,10 +145,15 @@ class Flusher:
             return False
 
     def flush_once(self, include_traffic: bool, ended: bool) -> bool:
-        """One attempt at one transaction; True when it committed."""
-        wall = time.time()
+        """One attempt at one transaction; True when it committed (``TakenOver`` when ``close()``
+        answered for it meanwhile: the transaction is rolled back)."""
         if self.outage.refused:
             return False
+        with ExitStack() as held:
+            return self._flush_once(include_traffic, ended, lambda: held.enter_context(self.custody.held()))
+
+    def _flush_once(self, include_traffic: bool, ended: bool, hold_custody: Callable[[], None]) -> bool:
+        wall = time.time()
         batch = None
         try:
             if self._writer is not None and self._writer.store.vanished():
@@ -126,15 +175,19 @@ class Flusher:
                 ended_at=wall if ended else None,
                 steps=steps,
             )
-            writer.write(batch, wall)
+            writer.write(batch, wall, holding=hold_custody)
+        except TakenOver:
+            raise
         except Exception as error:
             if isinstance(error, StoreVanished):
                 self._on_vanished()
             elif batch is not None and refused_as_it_is(error):
+                hold_custody()
                 self._shed(batch, (replay_counts, eager_counts), error)
             self.outage.failed(error, time.monotonic())
             return False
-        # Committed (the queues are drained on this thread only, so nothing arrived meanwhile).
+        # Committed, the custody held (the queues are drained on this thread only, so nothing arrived
+        # meanwhile).
         self._recorded_losses = batch.losses
         self.pending.clear()
         self.pending.resend_graphs = False

@@ -38,7 +38,7 @@ from capture_core.events import CaptureEvent, FanOutObserver, NullObserver, Viol
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
 from inspector.batch import EagerKey, ReplayKey
-from inspector.flusher import Flusher
+from inspector.flusher import Flusher, TakenOver
 from inspector.losses import Losses
 from inspector.process import describe_process
 from inspector.steps import StepLog
@@ -108,7 +108,10 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._finished = False
-        """The flush thread is done: every count it did not write since is lost after close()."""
+        """The flush thread is done, or close() took over from it: every count not written since is
+        lost after close()."""
+        self._close_deadline = 0.0
+        """When (``time.monotonic()``) close() stops retrying: ``close_timeout`` after it was called."""
 
     # ------------------------------------------------------------------ the observer protocol
 
@@ -223,7 +226,12 @@ class Recorder:
             return self._done.wait_for(lambda: self._flush_completed >= target, timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Write the last window, end the run, stop the thread. Safe to call twice."""
+        """Write the last window, end the run, stop the thread. Safe to call twice.
+
+        The thread retries until ``close_timeout`` from now; close() waits for it that long and 5 s
+        more (``timeout`` instead, when given) for a write waiting on the database's lock. A thread
+        still held up then is taken over: what it had not written is counted as dropped, and it
+        writes none of it later."""
         if self._closed:
             return
         self._closed = True
@@ -231,14 +239,28 @@ class Recorder:
         thread = self._thread
         if thread is None:
             return
+        self._close_deadline = time.monotonic() + self.close_timeout
         self._stopping = True
         self._wake.set()
         thread.join(self.close_timeout + 5.0 if timeout is None else timeout)
         if thread.is_alive():
-            log.error(
-                "graph-inspector recorder: the final flush did not finish; %d events dropped", self.dropped
-            )
+            self._take_over()
         _closed_recorders.add(self)
+
+    def _take_over(self) -> None:
+        """The flush thread is still held up (a write waiting on the database's lock): answer for
+        what it has not written, so that nothing is lost with it when the process exits."""
+        flusher = self._flusher
+        if not flusher.custody.take_over(timeout=self.close_timeout + 5.0):
+            log.error("graph-inspector recorder: the final commit did not end; what it holds is neither "
+                      "known to be written nor counted as dropped")
+            return
+        flusher.drain_queues()
+        flusher.drop_everything()
+        self._finished = True
+        log.error("graph-inspector recorder: the final flush did not finish; %s events dropped in all",
+                  f"{self.dropped:,}")
+        flusher.settle(self.losses, "lost at close()", try_database=False)
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -264,6 +286,17 @@ class Recorder:
     # ------------------------------------------------------------------ the flush thread
 
     def _flush_loop(self) -> None:
+        try:
+            self._flush_until_closed()
+            self._final_flush()
+        except TakenOver:  # close() answered for everything: nothing more to write or count
+            pass
+        with self._done:
+            self._flush_completed = self._flush_requested
+            self._done.notify_all()
+        self._flusher.dispose()
+
+    def _flush_until_closed(self) -> None:
         next_window = time.monotonic() + self.flush_interval
         flusher, outage = self._flusher, self._flusher.outage
         while not self._stopping:
@@ -275,7 +308,8 @@ class Recorder:
                 break
             with self._done:
                 requested = self._flush_requested
-            flusher.drain_queues()
+            with flusher.custody.held():
+                flusher.drain_queues()
             now = time.monotonic()
             if outage.failures and now < outage.retry_at:
                 continue
@@ -288,27 +322,25 @@ class Recorder:
                     self._done.notify_all()
             if window_due:
                 next_window = time.monotonic() + self.flush_interval
-        self._final_flush()
 
     def _final_flush(self) -> None:
-        """At close: keep retrying until ``close_timeout``, then count what is left as dropped and
-        record what the run's row could not take (``inspector.losses``)."""
-        deadline = time.monotonic() + self.close_timeout
+        """At close: keep retrying until ``close_timeout`` after close() was called, then count what
+        is left as dropped and record what the run's row could not take (``inspector.losses``)."""
+        deadline = self._close_deadline
         flusher = self._flusher
         while True:
-            flusher.drain_queues()
+            with flusher.custody.held():
+                flusher.drain_queues()
             if committed := flusher.flush_once(include_traffic=True, ended=True):
                 break
             if flusher.outage.refused or time.monotonic() >= deadline:
-                flusher.drop_everything()
+                with flusher.custody.held():
+                    flusher.drop_everything()
                 break
             time.sleep(max(0.0, min(flusher.outage.retry_at, deadline) - time.monotonic()))
-        self._finished = True
-        flusher.settle(self.losses, "lost at close()", try_database=committed)
-        with self._done:
-            self._flush_completed = self._flush_requested
-            self._done.notify_all()
-        flusher.dispose()
+        with flusher.custody.held():
+            self._finished = True
+            flusher.settle(self.losses, "lost at close()", try_database=committed)
 
     def record_late_losses(self) -> None:
         """After close(): what the engine reported since is lost; count it in the run's row, or

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import ChainMap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -391,9 +391,13 @@ class RunWriter:
             self.run_id = run_id
         return self.run_id
 
-    def write(self, batch: FlushBatch, now: float) -> None:
-        """Write ``batch`` in one transaction; raises (with nothing adopted) if it fails."""
+    def write(self, batch: FlushBatch, now: float, *, holding: Callable[[], object] | None = None) -> None:
+        """Write ``batch`` in one transaction; raises (with nothing adopted) if it fails. ``holding``
+        is called once the transaction holds the write lock, before it writes; what it raises rolls
+        the transaction back."""
         with self.store.writer() as conn:
+            if holding is not None:
+                holding()
             run_id = self.run_id
             if run_id is None:
                 run_id = insert_run(conn, self.info, now, batch.backend)

@@ -52,6 +52,41 @@ def test_locked_database_is_waited_out_without_loss(tmp_path: Path) -> None:
     assert fetch_rows(url, select(func.count()).select_from(Graph))[0][0] == 1
 
 
+def test_a_close_that_stops_waiting_counts_what_the_thread_held_and_the_thread_writes_none_of_it(
+    tmp_path: Path,
+) -> None:
+    # The lock is held from before close() until after it returns, and close() waits 0.1 s for a
+    # flush thread whose write waits up to SQLite's busy timeout (5 s) for the lock: close() gives
+    # up on it, every time. What the thread held must be counted then, and never written after.
+    path = tmp_path / "held.db"
+    url = f"sqlite:///{path}"
+    descriptor = BatchDescriptor(4, 4, True)
+    recorder = Recorder(url, flush_interval=0.05, close_timeout=0.2).start()
+    recorder.on_capture(capture(descriptor))
+    for _ in range(100):
+        recorder.on_replay(FULL, descriptor, 3)
+    assert recorder.flush(timeout=20)
+    locker = sqlite3.connect(path, timeout=0, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        for _ in range(1000):
+            recorder.on_replay(FULL, descriptor, 3)
+        recorder.on_violation(drift(descriptor, actual=0x9000))
+        recorder.close(timeout=0.1)
+        counted = recorder.losses
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert (counted.replays, counted.violations, counted.events) == (1000, 1, 1001)
+    recorder._thread.join(timeout=30)  # the lock is free: the thread's write gets through, or would
+    assert not recorder._thread.is_alive()
+    assert fetch_rows(url, select(func.sum(ReplayTotal.replays)))[0][0] == 100, "written and counted"
+    assert fetch_rows(url, select(func.count()).select_from(Violation))[0][0] == 0
+    assert recorder.losses.events == 1001
+    sidecar = [json.loads(line) for line in path.with_name("held.db.losses").read_text().splitlines()]
+    assert sidecar[-1]["losses"]["replays"] == 1000 and sidecar[-1]["losses"]["violations"] == 1
+
+
 def test_start_while_locked_returns_and_writes_the_run_once_unlocked(tmp_path: Path) -> None:
     path = tmp_path / "locked-at-start.db"
     url = f"sqlite:///{path}"
