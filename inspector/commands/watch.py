@@ -59,10 +59,25 @@ def run(args: argparse.Namespace) -> int:
     )
     status = _wait(child, forward=(signal.SIGTERM, signal.SIGHUP))
     try:
-        print(watch_summary(store, label=label).render(), file=sys.stderr)
+        summary = watch_summary(store, label=label)
     finally:
         store.dispose()
+    print(summary.render(), file=sys.stderr)
+    if not summary.runs:
+        print(f"graph-inspector watch: nothing recorded: {why_nothing_was_captured()}", file=sys.stderr)
     return status
+
+
+def why_nothing_was_captured() -> str:
+    """Why a watched command left no run (a process is recorded from its first graph capture on)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ("torch here sees no CUDA device (torch.cuda.is_available() is False), so no process of the "
+                "command could capture a CUDA graph; watch an engine on a GPU host")
+    return ("no process of the command captured a CUDA graph (torch.cuda.CUDAGraph, torch.cuda.graph, "
+            "make_graphed_callables or torch.compile's cudagraph trees); a process is recorded from its "
+            "first capture on")
 
 
 def default_label(command: list[str]) -> str:

@@ -183,3 +183,16 @@ def test_sigterm_to_the_watch_reaches_the_command(tmp_path: Path) -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 7
     assert (tmp_path / "got-term").read_text() == "yes"
+
+
+@pytest.mark.slow
+def test_a_command_that_captured_nothing_is_told_why_nothing_was_recorded(tmp_path: Path) -> None:
+    import torch
+
+    done = watch(tmp_path, "--db", "sqlite:///nothing.db", "--", sys.executable, "-c", "import torch")
+    assert done.returncode == 0, done.stderr
+    assert "0 watched process(es)" in done.stderr
+    if torch.cuda.is_available():
+        assert "nothing recorded: no process of the command captured a CUDA graph" in done.stderr
+    else:
+        assert "nothing recorded: torch here sees no CUDA device" in done.stderr
