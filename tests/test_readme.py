@@ -36,6 +36,21 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert f"bash {setup}" in ci and pytest_command in ci
 
 
+def test_the_virtual_environment_the_readme_creates_is_ignored_by_git() -> None:
+    import subprocess
+
+    [venv] = re.findall(r"python3 -m venv (\S+)", README)
+    for path in (venv, f"{venv}/bin/python", f"{venv}/lib/python3.11/site-packages/torch/__init__.py"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+        assert ignored.returncode == 0, f"{path} would show as untracked in git status"
+
+
+def test_the_wheel_commands_install_the_build_tool_they_run() -> None:
+    # `python3 -m build` needs the `build` package, which only `scripts/setup --dev` installs.
+    [line] = [line for line in README.splitlines() if "python3 -m build" in line]
+    assert line.index("pip install build") < line.index("python3 -m build")
+
+
 def test_the_metrics_table_is_the_exported_one() -> None:
     from inspector.metrics import metrics_table_markdown
 
