@@ -26,6 +26,13 @@ step, three reads of the state and the comparison. A mutated input without a reg
 whole before the replay and the eager step runs on the copy (fine for small state); with no
 mutated inputs named, every tensor input is.
 
+Both runs draw the same random numbers: the generators the step draws from (the CPU's, each CUDA
+device's among its inputs: seed and Philox offset; any ``torch.Generator`` passed as an argument) are
+kept before the replay, put back before the eager step, and set to the replay's end state after it
+(``RandomState``). In-graph sampling and dropout then compare like anything else, the engine's random
+stream goes on as if only the replay had run, and a graph that froze its numbers at capture (drawn on
+the host, or from a seed baked in) still differs from the eager step, which draws afresh.
+
 Which replays are sampled is ``Sampling`` (the first few of every graph, then one in N; every
 replay in debug mode). Between samples nothing of this runs; a sampled replay's cost is measured
 in ``bench/check_cost.py`` and ``bench/gpu_checks.py``.
@@ -144,8 +151,47 @@ class _Region:
         return findings
 
 
+class RandomState:
+    """The state of every generator a step draws from: the CPU's default one, each listed CUDA
+    device's default one (its seed and Philox offset, which a CUDA graph reads at replay), and any
+    generator passed to the step; taken at once, put back at once."""
+
+    def __init__(self, cuda_devices: Sequence[int], generators: Sequence[torch.Generator]) -> None:
+        self.cuda_devices = tuple(cuda_devices)
+        self.generators = tuple(generators)
+        self.cpu = torch.get_rng_state()
+        self.cuda = [torch.cuda.get_rng_state(index) for index in self.cuda_devices]
+        self.own = [generator.get_state() for generator in self.generators]
+
+    @classmethod
+    def of_call(cls, layout: InputLayout, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RandomState:
+        """The generators a call draws from: the defaults of the CPU and of its tensors' CUDA
+        devices, and the generators among its arguments."""
+        devices = {spec.tensor.device for spec in layout.inputs if spec.tensor.device.type == "cuda"}
+        indices = sorted({d.index if d.index is not None else torch.cuda.current_device() for d in devices})
+        passed = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Generator)]
+        return cls(indices, passed)
+
+    def again(self) -> RandomState:
+        """The state of the same generators now."""
+        return RandomState(self.cuda_devices, self.generators)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        for index, state in zip(self.cuda_devices, self.cuda, strict=True):
+            torch.cuda.set_rng_state(state, index)
+        for generator, state in zip(self.generators, self.own, strict=True):
+            generator.set_state(state)
+
+
 class CanaryRun:
-    """One sampled replay's canary: what is kept before the replay, taken after it, and compared."""
+    """One sampled replay's canary: what is kept before the replay, taken after it, and compared.
+
+    Its life follows the replay: built before it (the state's region and the random generators
+    kept), ``replayed()`` after it (the graph's writes taken and the state put back, the generators
+    set back to where the replay began), then the eager step, then ``compare()`` (the generators set
+    to where the replay ended, the findings made), or ``put_back()`` when the eager step failed.
+    """
 
     def __init__(
         self,
@@ -157,6 +203,8 @@ class CanaryRun:
         part: Compared | None = None,
     ) -> None:
         self.args, self.kwargs, self.part = args, kwargs, part
+        self.random_before = RandomState.of_call(layout, args, kwargs)
+        self.random_after: RandomState | None = None
         self.copies: list[tuple[TensorInput, torch.Tensor]] = []
         self.regions: list[_Region] = []
         eager_args, eager_kwargs = list(args), dict(kwargs)
@@ -180,8 +228,11 @@ class CanaryRun:
         self.eager_args, self.eager_kwargs = tuple(eager_args), eager_kwargs
 
     def replayed(self) -> None:
-        """After the replay, before the eager step: take what the graph wrote, put the state back."""
+        """After the replay, before the eager step: take what the graph wrote, put the state back, and
+        set the random generators back to where the replay began."""
         self._take()
+        self.random_after = self.random_before.again()
+        self.random_before.restore()
 
     def _take(self) -> None:
         # Every region is put back before any checksum is taken: states may share storage.
@@ -193,7 +244,8 @@ class CanaryRun:
     def compare(self, replayed: Any, eager: Any) -> list[Finding]:
         """After the eager step: the mutated state, then the outputs, that differ between the replay
         and the eager step (a wrong write first: wrong outputs may follow from it). The graph's
-        writes go back into the state."""
+        writes go back into the state, the random generators to where the replay left them."""
+        self._random_as_replayed()
         pairs = [(spec.name, spec.read(self.args, self.kwargs), copied, "the step's effect on")
                  for spec, copied in self.copies]
         graph_outputs = dict(_tensors(replayed, "output"))
@@ -213,10 +265,16 @@ class CanaryRun:
         return findings
 
     def put_back(self) -> None:
-        """When the eager step failed: the graph's writes go back into the state."""
+        """When the eager step failed: the graph's writes go back into the state, the random
+        generators to where the replay left them."""
+        self._random_as_replayed()
         for region in self.regions:
             if region.taken:
                 region.state[region.index] = region.taken[0]
+
+    def _random_as_replayed(self) -> None:
+        if self.random_after is not None:
+            self.random_after.restore()
 
 
 _SAME_SIZE_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

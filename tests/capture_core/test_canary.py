@@ -3,6 +3,7 @@ with a declared region kept aside) and are compared."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -198,3 +199,96 @@ def test_the_bit_sum_of_a_layout_that_cannot_be_read_as_words_goes_in_bounded_pi
     state = torch.randint(0, 255, (5, 9, 3), dtype=torch.uint8)  # 3 bytes a row: not 8-byte words
     assert int(_bit_sum(state)) == int(state.sum(dtype=torch.int64))
     assert _PIECE > 7  # the module's own bound is untouched outside this test
+
+
+class Sampler:
+    """A step that draws random numbers from torch's generator, as in-graph sampling and dropout do:
+    noise added to the logits, a token drawn from them (the exponential race vLLM samples with: no
+    host sync, so a CUDA graph can hold it), and dropout on the hidden state."""
+
+    def __call__(self, x: torch.Tensor) -> tuple:
+        noisy = x + torch.rand_like(x)
+        token = (noisy.softmax(-1) / torch.empty_like(noisy).exponential_()).argmax(-1)
+        return torch.nn.functional.dropout(noisy, p=0.5, training=True), token
+
+
+def sampling_step(observer, step: Any, backend: str = "eager", **options) -> tuple:
+    runtime = GraphRuntime(
+        backend, observer=observer, progress=False, warmup_iters=0 if backend == "eager" else 2,
+        sampling=EVERY, canary=True, **options,
+    )
+    wrapper = CUDAGraphWrapper(step, runtime, name="sampler")
+    x = torch.arange(8.0, device="cuda" if backend == "cuda" else "cpu").reshape(4, 2)
+    with runtime.capture_phase(), set_forward_context(FULL, DESC):
+        wrapper(x)
+    return wrapper, x
+
+
+@pytest.mark.parametrize("mode", ["always_on", "debug"])
+def test_in_graph_sampling_draws_the_same_numbers_in_the_replay_and_the_eager_step(mode, observer) -> None:
+    wrapper, x = sampling_step(observer, Sampler(), address_check=mode)
+    torch.manual_seed(5)
+    for _ in range(20):
+        with set_forward_context(FULL, DESC):
+            dropped, token = wrapper(x)
+    next_draw = torch.rand(3)
+    assert observer.violations == []
+    # The engine's random stream went on as if only the replays had run (20 replays, no eager steps).
+    plain = Sampler()
+    torch.manual_seed(5)
+    for _ in range(20):
+        expected_dropped, expected_token = plain(x)
+    assert torch.equal(dropped, expected_dropped) and torch.equal(token, expected_token)
+    assert torch.equal(next_draw, torch.rand(3))
+
+
+class HostDraw:
+    """A step scaled by a number drawn on the host (Python's ``random``): a CUDA graph bakes the
+    number drawn at capture into every replay, as it would a baked seed."""
+
+    def __init__(self) -> None:
+        self.rng = random.Random(0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.rng.random()
+
+
+@pytest.mark.parametrize("mode", ["always_on", "debug"])
+def test_random_numbers_drawn_outside_torchs_generators_are_still_a_mismatch(mode, observer) -> None:
+    wrapper, x = sampling_step(observer, HostDraw(), address_check=mode)
+    call = set_forward_context(FULL, DESC)
+    if mode == "debug":
+        with call, pytest.raises(ReplayMismatchError, match="'output'"):
+            wrapper(x)
+    else:
+        with call:
+            wrapper(x)
+    found = [(v.kind, v.input_name) for v in observer.violations]
+    assert found == [(ViolationKind.REPLAY_MISMATCH, "output")]
+
+
+class ItemDraw:
+    """A step scaled by a number drawn from torch's CPU generator and read with ``.item()``: a CUDA
+    graph keeps the number drawn at capture (the eager backend draws it again at each replay)."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rand(()).item()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["always_on", "debug"])
+def test_cuda_in_graph_sampling_compares_equal_and_numbers_frozen_at_capture_do_not(mode, observer) -> None:
+    wrapper, x = sampling_step(observer, Sampler(), backend="cuda", address_check=mode)
+    for _ in range(20):
+        with set_forward_context(FULL, DESC):
+            wrapper(x)
+    torch.cuda.synchronize()
+    assert observer.violations == []
+    for frozen in (HostDraw(), ItemDraw()):
+        wrapper, x = sampling_step(observer, frozen, backend="cuda", address_check="always_on")
+        with set_forward_context(FULL, DESC):
+            wrapper(x)
+        torch.cuda.synchronize()
+    assert [(v.kind, v.input_name, v.wrapper) for v in observer.violations] == [
+        (ViolationKind.REPLAY_MISMATCH, "output", "sampler")
+    ] * 2

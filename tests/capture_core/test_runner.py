@@ -241,10 +241,15 @@ def test_the_canary_confirms_a_planted_drift_computed_the_previous_step(model, o
 
 class NoisyPadding(ReferenceDecoder):
     """Fills the spare padding slot with fresh noise every step, as padding rows' scatters into one
-    slot land in any order on a GPU."""
+    slot land in any order on a GPU (from a generator of its own, which the canary leaves alone:
+    the replay and the eager step see different noise, as they would see different orders)."""
+
+    def __init__(self, config, seed):
+        super().__init__(config, seed)
+        self.order = torch.Generator().manual_seed(seed)
 
     def forward(self, input_ids, positions, slot_ids, kv_cache, attn_metadata=None):
-        kv_cache[:, :, self.config.padding_slot].normal_()
+        kv_cache[:, :, self.config.padding_slot].normal_(generator=self.order)
         return super().forward(input_ids, positions, slot_ids, kv_cache, attn_metadata)
 
 
