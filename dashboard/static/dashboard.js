@@ -177,20 +177,59 @@
     };
   }
 
+  /* Batch sizes on a log axis when they span more than a few doubling steps (small sizes 1, 2, 4, 8
+   * are as far apart as 128, 256, 512, 1024: on a linear axis up to 300 they share one pixel column);
+   * ticks at the powers of two, where capture sizes usually are. Linear for a narrow range. */
+  function batchAxis(smallest, largest) {
+    const title = { display: true, text: "real tokens per batch (dashed: capture sizes)" };
+    if (largest / smallest < 16) {
+      return { type: "linear", min: Math.max(0, smallest - 1), max: largest + 1, title: title,
+               ticks: { includeBounds: false },  // no odd last tick (321) squeezed in beside 300
+               grid: { display: false } };
+    }
+    return {
+      type: "logarithmic", min: smallest / 1.25, max: largest * 1.25,
+      title: { display: true, text: title.text + ", log scale" }, grid: { display: false },
+      afterBuildTicks: (axis) => {
+        const ticks = [];
+        for (let v = 1; v <= axis.max; v *= 2) if (v >= axis.min) ticks.push({ value: v });
+        axis.ticks = ticks;
+      },
+      ticks: { autoSkip: true, maxRotation: 0, callback: (v) => String(v) },
+    };
+  }
+
+  /* Each size n as a column from n - 0.5 to n + 0.5 (one token wide on either axis), drawn as a
+   * filled outline: Chart.js sizes bars by their closest neighbours, which on a log axis would make
+   * the bar of 2 as wide as the gap up to 4. */
+  function batchColumns(rows) {
+    const points = [];
+    rows.forEach((r) => {
+      const n = r.num_real_tokens, size = { size: n, batches: r.batches };
+      points.push({ x: n - 0.5, y: 0 }, { x: n - 0.5, y: r.batches, ...size },
+                  { x: n + 0.5, y: r.batches, ...size }, { x: n + 0.5, y: 0 });
+    });
+    return points;
+  }
+
   function batchesConfig(s) {
     const rows = s.charts.batch_sizes;
     const sizes = s.charts.capture_sizes;
-    const largest = Math.max(1, ...rows.map((r) => r.num_real_tokens), ...sizes);
+    const values = [...rows.map((r) => r.num_real_tokens), ...sizes].filter((v) => v > 0);
+    const smallest = values.length ? Math.min(...values) : 1, largest = Math.max(1, ...values);
     return {
-      type: "bar",
+      type: "line",
       data: { datasets: [{ label: "batches of this many tokens", backgroundColor: COLORS.replays,
-                           data: rows.map((r) => ({ x: r.num_real_tokens, y: r.batches })), barPercentage: 1, categoryPercentage: 1 }] },
+                           borderColor: COLORS.replays, borderWidth: 1, pointRadius: 0, pointHitRadius: 4,
+                           fill: "origin", data: batchColumns(rows) }] },
       options: Object.assign(baseOptions(), {
-        scales: { x: { type: "linear", min: 0, max: largest + 1, title: { display: true, text: "real tokens per batch (dashed: capture sizes)" },
-                       ticks: { includeBounds: false },  // no odd last tick (321) squeezed in beside 300
-                       grid: { display: false } },
+        scales: { x: batchAxis(smallest, largest),
                   y: { beginAtZero: true, grid: { color: COLORS.grid }, title: { display: true, text: "batches" } } },
-        plugins: Object.assign(baseOptions().plugins, { captureSizeLines: { sizes: sizes } }),
+        plugins: Object.assign(baseOptions().plugins, {
+          captureSizeLines: { sizes: sizes },
+          tooltip: { filter: (c) => c.raw.size !== undefined, callbacks: {
+            title: () => "", label: (c) => c.raw.batches + " batch(es) of " + c.raw.size + " tokens" } },
+        }),
       }),
       plugins: [captureSizeLines],
     };
@@ -400,7 +439,8 @@
     sync();
     form.addEventListener("submit", (event) => {
       event.preventDefault();
-      const [a, b] = picks();
+      // The older run is the baseline (A) and the newer the candidate (B), whichever is ticked first.
+      const [a, b] = picks().sort((x, y) => Number(x) - Number(y));
       if (a && b) window.location.href = form.action + "?a=" + encodeURIComponent(a) + "&b=" + encodeURIComponent(b);
     });
   }

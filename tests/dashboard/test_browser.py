@@ -180,17 +180,88 @@ def test_compile_page_lists_reasons_as_text_and_filters_by_kind(visit: Visit) ->
     assert page.locator("#compile-table tbody tr").count() == 3
 
 
-def test_runs_page_compares_two_ticked_runs(visit: Visit, ids: dict[str, int]) -> None:
+@pytest.mark.parametrize("order", ["newer first", "older first"])
+def test_runs_page_compares_the_newer_ticked_run_against_the_older(
+    visit: Visit, ids: dict[str, int], order: str
+) -> None:
     page = visit.open("/runs")
     assert page.locator("#runs-table tbody tr").count() == 2
     assert page.locator("#compare-button").is_disabled()
-    for box in page.locator(".compare-pick").all():
+    boxes = page.locator(".compare-pick").all()  # newest run first, as the page lists them
+    for box in boxes if order == "newer first" else reversed(boxes):
         box.check()
     page.locator("#compare-button").click()
     page.wait_for_url("**/runs/compare?**")
     page.wait_for_load_state("networkidle")
+    older, newer = ids["cuda_run"], ids["eager_run"]
+    assert page.url.endswith(f"/runs/compare?a={older}&b={newer}"), "A is the baseline: the older run"
     table = page.locator("#compare-table").inner_text()
     assert "llama-1b decode (H200)" in table and "ci smoke (eager backend)" in table
+
+
+PAGES = ("/", "/graphs", "/violations", "/compile", "/runs", "/advice", "/jobs", "/runs/compare?a=1&b=2",
+         "/graphs/1")
+FITS = """() => ({
+    overflow: document.documentElement.scrollWidth - window.innerWidth,
+    links: [...document.querySelectorAll(".topbar nav a")].map((a) => {
+        const box = a.getBoundingClientRect();
+        return { text: a.textContent, left: box.left, right: box.right, width: box.width };
+    }),
+})"""
+
+
+def test_every_page_fits_a_phone_screen_with_every_link_of_the_navigation_on_it(
+    browser: object, daemon: Daemon
+) -> None:
+    visit = Visit(browser, daemon)
+    visit.page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        for path in PAGES:
+            visit.open(path)
+            fits = visit.page.evaluate(FITS)
+            assert fits["overflow"] <= 0, f"{path} is {fits['overflow']} px wider than the screen"
+            assert len(fits["links"]) == 7
+            for link in fits["links"]:
+                assert link["width"] > 0 and link["left"] >= 0 and link["right"] <= 390, (path, link)
+    finally:
+        visit.close()
+
+
+BATCH_AXIS = """() => {
+    const x = window.Chart.getChart(document.getElementById("chart-batches")).scales.x;
+    return { type: x.type, gaps: [[1, 2], [2, 4], [4, 8], [128, 256]].map(([a, b]) =>
+        x.getPixelForValue(b) - x.getPixelForValue(a)) };
+}"""
+
+
+def test_observed_batch_sizes_keep_small_sizes_apart(visit: Visit) -> None:
+    # Batches from 1 to ~300 tokens: on a linear axis 1, 2, 4 and 8 are a pixel or two apart.
+    visit.open("/")
+    axis = visit.page.evaluate(BATCH_AXIS)
+    assert axis["type"] == "logarithmic"
+    assert min(axis["gaps"]) >= 25, axis
+    assert max(axis["gaps"]) - min(axis["gaps"]) < 1, "each doubling as wide as the next"
+
+
+ONE_LINE = """() => [...document.querySelectorAll("#gate-table td[class^='verdict-']")].map((cell) => {
+    const range = document.createRange();
+    range.selectNodeContents(cell);
+    return { text: cell.textContent, lines: new Set([...range.getClientRects()].map((r) => r.top)).size };
+})"""
+
+
+def test_the_compare_pages_verdicts_are_never_broken_inside_a_word(
+    browser: object, daemon: Daemon, ids: dict[str, int]
+) -> None:
+    visit = Visit(browser, daemon)
+    visit.page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        visit.open(f"/runs/compare?a={ids['cuda_run']}&b={ids['eager_run']}")
+        verdicts = visit.page.evaluate(ONE_LINE)
+        assert any(v["text"] == "regression" for v in verdicts)
+        assert all(v["lines"] == 1 for v in verdicts), verdicts
+    finally:
+        visit.close()
 
 
 def test_advice_page_draws_its_charts_and_copies_each_engine_s_line(visit: Visit) -> None:
