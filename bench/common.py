@@ -241,7 +241,7 @@ def temporary_recorder(label: str, **options: Any) -> Iterator[Any]:
     The benchmarks measure the cache as users run it: recording, with the flush thread writing
     replay windows every second while the steps are being timed. ``options`` go to the Recorder.
     """
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     with tempfile.TemporaryDirectory(prefix="graph-inspector-bench-") as tmp:
         recorder = Recorder(f"sqlite:///{tmp}/bench.db", label=label, **options)

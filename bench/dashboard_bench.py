@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from bench.common import command_line, print_table, print_targets, target, write_results
-from inspector.store import open_store
+from inspector.storage.store import open_store
 from tests.support.daemon import Daemon
 from tests.support.sample import seed_bulk
 

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from bench.common import command_line, print_table, print_targets, target, write_results
 from dashboard.app import create_app
-from inspector.store import open_store
+from inspector.storage.store import open_store
 from tests.support.daemon import Daemon
 from tests.support.fuzz import FuzzRequest, app_routes, problems, requests
 from tests.support.sample import seed_sample

@@ -295,7 +295,7 @@ def _worker(rank: int, job: Job) -> None:
 
 
 def _run_rank(rank: int, job: Job, stage: Stage) -> dict[str, Any]:
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     on_gpu = job.device_type == "cuda"
     stage("init process group")
@@ -761,7 +761,7 @@ def launch(job: Job, timeout_s: float) -> list[dict[str, Any]]:
 def prepare_database(url: str) -> None:
     """Create or upgrade the database once, here, so the ranks do not race to migrate it."""
     from inspector.errors import DatabaseError
-    from inspector.store import open_store
+    from inspector.storage.store import open_store
 
     try:
         open_store(url).dispose()
@@ -773,8 +773,8 @@ def read_recorded(url: str, run_ids: list[int | None]) -> list[dict[str, Any]]:
     """What each rank's run left in the database: its rank, graphs, replays and eager batches."""
     from sqlalchemy import func, select
 
-    from inspector.models import EagerTotal, Graph, ReplayTotal, Run
-    from inspector.store import open_store
+    from inspector.storage.models import EagerTotal, Graph, ReplayTotal, Run
+    from inspector.storage.store import open_store
 
     store = open_store(url, upgrade=False)
     try:

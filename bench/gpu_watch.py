@@ -53,7 +53,7 @@ from bench.common import (
 )
 from capture_core.reference import ModelConfig, ReferenceDecoder
 from inspector import watch
-from inspector.store import open_store
+from inspector.storage.store import open_store
 from inspector.watch.summary import WatchSummary, watch_summary
 
 TARGET_ADDED_US = 1.0

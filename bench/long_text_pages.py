@@ -26,7 +26,7 @@ import torch
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from bench.common import command_line, print_table, print_targets, target, write_results
-from inspector.store import open_store
+from inspector.storage.store import open_store
 from tests.support.browser import chromium, render_seconds
 from tests.support.daemon import Daemon
 from tests.support.long_text import MB, LongTextRun, plant_long_text

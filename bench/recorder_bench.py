@@ -103,10 +103,10 @@ def hot_path(recorder: Any, rank_recorder: Any, events: list, rounds: int) -> di
 
 def flush_throughput(graphs: int, repeats: int) -> dict[str, Any]:
     """Rows per second the writer commits: one flush of ``graphs`` graph keys' windows and totals."""
-    from inspector.batch import FlushBatch, ReplayDelta, TrafficWindow, graph_key
-    from inspector.losses import Losses
-    from inspector.store import open_store
-    from inspector.writer import RunInfo, RunWriter
+    from inspector.recording.batch import FlushBatch, ReplayDelta, TrafficWindow, graph_key
+    from inspector.recording.losses import Losses
+    from inspector.storage.store import open_store
+    from inspector.storage.writer import RunInfo, RunWriter
 
     results = []
     with tempfile.TemporaryDirectory(prefix="graph-inspector-bench-") as tmp:
@@ -140,7 +140,7 @@ def flush_throughput(graphs: int, repeats: int) -> dict[str, Any]:
 
 def violation_throughput(count: int) -> dict[str, Any]:
     """A drift storm (the always-on check on every replay): events/s through the recorder to disk."""
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     descriptor = BatchDescriptor(8, 8, True)
     event = ViolationEvent(ViolationKind.ADDRESS_DRIFT, descriptor, FULL, "bench", "drift", "x", 1, 2)
@@ -159,11 +159,11 @@ def scrape_cost(windows: int) -> dict[str, Any]:
     """Seconds per scrape on a database holding ``windows`` replay-window rows (it never reads them)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from inspector.batch import ReplayDelta, TrafficWindow, graph_key
-    from inspector.metrics import InspectorCollector
-    from inspector.recorder import Recorder
-    from inspector.store import open_store
-    from inspector.writer import KnownTotals, append_traffic
+    from inspector.reading.metrics import InspectorCollector
+    from inspector.recording.batch import ReplayDelta, TrafficWindow, graph_key
+    from inspector.recording.recorder import Recorder
+    from inspector.storage.store import open_store
+    from inspector.storage.writer import KnownTotals, append_traffic
 
     with tempfile.TemporaryDirectory(prefix="graph-inspector-bench-") as tmp:
         url = f"sqlite:///{tmp}/scrape.db"

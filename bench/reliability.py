@@ -45,10 +45,10 @@ import torch
 from sqlalchemy import create_engine, func, select
 
 from bench.common import command_line, print_table, print_targets, target, write_results
-from inspector import models
-from inspector.losses import Sidecar, run_losses
-from inspector.sqlite_file import quick_check
-from inspector.store import open_store
+from inspector.recording.losses import Sidecar, run_losses
+from inspector.storage import models
+from inspector.storage.sqlite_file import quick_check
+from inspector.storage.store import open_store
 from tests.support.recording import SIZES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ import json, logging, os, subprocess, sys, time
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 from capture_core.descriptor import BatchDescriptor
 from capture_core.sizes import EagerReason
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
 from recording import FULL, capture, drift
 url, path = sys.argv[1], sys.argv[2]
 d = BatchDescriptor(8, 8, True)
@@ -338,7 +338,7 @@ def _sidecar_only(path: Path) -> dict[str, int]:
 
 def _create(url: str, code: Path) -> None:
     """An empty database at ``url``, made by ``code``'s own ``db upgrade`` (its schema)."""
-    subprocess.run([sys.executable, "-c", "import sys; from inspector.store import open_store; "
+    subprocess.run([sys.executable, "-c", "import sys; from inspector.storage.store import open_store; "
                     "open_store(sys.argv[1]).dispose()", url], check=True, env=child_env(code), cwd=code)
 
 

@@ -36,7 +36,7 @@ class ViolationKind(str, enum.Enum):
     COMPILE_SKIP = "compile_skip"
     """torch.compile gave up on CUDA graphs for a function, with its reason (graph-inspector watch)."""
     RANK_DIVERGENCE = "rank_divergence"
-    """Ranks of one job captured, or replayed at one step, different graphs (inspector.ranks)."""
+    """Ranks of one job captured, or replayed at one step, different graphs (inspector.ranks.check)."""
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 from dashboard import api, assets, auth, downloads, envelope, pages, units, wsgi
 from dashboard.assets import ChartLibrary
 from dashboard.resources import EXTENSION
-from inspector import schema
 from inspector.errors import DatabaseError
-from inspector.metrics import InspectorCollector
-from inspector.queries import Queries
-from inspector.store import Store, open_store
+from inspector.reading.metrics import InspectorCollector
+from inspector.reading.queries import Queries
+from inspector.storage import schema
+from inspector.storage.store import Store, open_store
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from dashboard import resources
 from dashboard.links import url_with_query
 from dashboard.longtext import clip
 from dashboard.resources import GRAPH_MODES, VIOLATION_KINDS, queries
-from inspector.graph_queries import GRAPH_SORTS
-from inspector.queries import COMPILE_KINDS
+from inspector.reading.graph_queries import GRAPH_SORTS
+from inspector.reading.queries import COMPILE_KINDS
 
 bp = Blueprint("pages", __name__)
 bp.add_app_template_global(url_with_query)

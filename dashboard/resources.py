@@ -17,9 +17,9 @@ from werkzeug.exceptions import BadRequest, NotFound
 from capture_core.events import ViolationKind
 from capture_core.modes import CUDAGraphMode
 from dashboard.params import choice_arg, int_arg, pagination, parse_int
-from inspector.graph_queries import GRAPH_SORTS
-from inspector.listing import Page
-from inspector.queries import COMPILE_KINDS, Queries
+from inspector.reading.graph_queries import GRAPH_SORTS
+from inspector.reading.listing import Page
+from inspector.reading.queries import COMPILE_KINDS, Queries
 
 EXTENSION = "graph_inspector"
 GRAPH_MODES = tuple(m.label for m in CUDAGraphMode if m.is_runtime_mode() and m is not CUDAGraphMode.NONE)

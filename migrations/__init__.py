@@ -1,1 +1,1 @@
-"""Alembic migrations of the inspector's database (run in-process by ``inspector.schema``)."""
+"""Alembic migrations of the inspector's database (run in-process by ``inspector.storage.schema``)."""

@@ -1,13 +1,13 @@
-"""Alembic environment: migrates the connection that ``inspector.schema`` hands over.
+"""Alembic environment: migrates the connection that ``inspector.storage.schema`` hands over.
 
 The inspector builds its Alembic ``Config`` in code (no alembic.ini needed, so an installed package
 migrates its own database) and passes an open connection in ``config.attributes["connection"]``;
 the caller owns that connection's transaction, which lets it serialise concurrent upgrades.
 Batch mode is on because SQLite cannot ALTER most things in place.
 
-A new revision, from a change to ``inspector/models.py`` (the drift test fails until one exists):
+A new revision, from a change to ``inspector/storage/models.py`` (the drift test fails until one exists):
 
-    python3 -c "from alembic import command; from inspector.schema import alembic_config; \\
+    python3 -c "from alembic import command; from inspector.storage.schema import alembic_config; \\
         command.revision(alembic_config(url='sqlite:////tmp/dev.db'), 'what changed', autogenerate=True)"
 
 (the URL is a scratch database at the current head; ``open_store`` creates one).
@@ -18,7 +18,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from inspector.models import Base
+from inspector.storage.models import Base
 
 target_metadata = Base.metadata
 

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from inspector.store import open_store  # noqa: E402
+from inspector.storage.store import open_store  # noqa: E402
 from tests.support.browser import chromium  # noqa: E402
 from tests.support.daemon import Daemon  # noqa: E402
 from tests.support.sample import seed_sample  # noqa: E402

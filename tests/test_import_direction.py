@@ -1,6 +1,7 @@
-"""Imports go ``dashboard -> inspector -> capture_core``, never back, and the cache does not lean on
-its reference workload: every file of every layer read for its imports, every module of it
-imported for what it pulls in, and each check shown to fail on an import planted against it."""
+"""Imports go ``dashboard -> inspector -> capture_core``, never back, the cache does not lean on
+its reference workload, and inside the inspector recording and storage never lean on reading or
+gating: every file of every layer read for its imports, every module of it imported for what it
+pulls in, and each check shown to fail on an import planted against it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ DATABASE_AND_WEB = ("sqlalchemy", "alembic", "flask", "werkzeug", "jinja2", "pro
 WEB = ("dashboard", "flask", "werkzeug", "jinja2", "waitress")
 REFERENCE = "capture_core.reference"
 """The reference workload: it may use the cache; the cache (the rest of capture_core) never uses it."""
+WRITE_STAGES = ("inspector/recording", "inspector/storage")
+READ_STAGES = ("inspector.reading", "inspector.gating")
+"""What the engine's process runs (recording, storage) never needs the daemon's and CI's side."""
+
+
+def _write_stage_violations(root: Path) -> list[str]:
+    return [found for stage in WRITE_STAGES for found in static_violations(root, stage, READ_STAGES)]
+
+
+def _write_stage_modules(root: Path) -> list[str]:
+    return [name for stage in WRITE_STAGES for name, _ in module_files(root, stage)]
 
 
 def _cache_modules(root: Path) -> list[str]:
@@ -46,6 +58,11 @@ def test_the_inspector_imports_nothing_of_the_dashboard_or_flask() -> None:
     assert static_violations(REPO, "inspector", WEB) == []
 
 
+def test_recording_and_storage_import_nothing_of_reading_or_gating() -> None:
+    assert _write_stage_modules(REPO)  # the stages are there to be read
+    assert _write_stage_violations(REPO) == []
+
+
 @pytest.mark.slow
 def test_at_run_time_each_layer_loads_only_what_it_may() -> None:
     every_capture_core = [name for name, _ in module_files(REPO, "capture_core")]
@@ -55,6 +72,9 @@ def test_at_run_time_each_layer_loads_only_what_it_may() -> None:
     inspector = loaded_modules(REPO, [name for name, _ in module_files(REPO, "inspector")])
     assert forbidden_loaded(inspector, WEB) == []
     assert "capture_core" in inspector and "sqlalchemy" in inspector  # it did import the layer
+    write_stages = loaded_modules(REPO, _write_stage_modules(REPO))
+    assert forbidden_loaded(write_stages, READ_STAGES) == []
+    assert "inspector.storage.writer" in write_stages and "inspector.recording.recorder" in write_stages
 
 
 # --- each check fails on a planted import ----------------------------------------------------
@@ -73,13 +93,13 @@ def test_a_planted_lazy_import_of_the_inspector_in_capture_core_is_found(tmp_pat
     root = _copy("capture_core", tmp_path)
     _plant(root, "capture_core/planted.py", """\
         def late():
-            from inspector.recorder import Recorder  # inside a function: imported only when called
+            from inspector.recording.recorder import Recorder  # inside a function: imported only when called
             return Recorder
         """)
     _plant(root, "capture_core/ubatch/planted.py", "from ...inspector import queries\n")
     assert static_violations(root, "capture_core", UPPER_LAYERS) == [
-        "capture_core/planted.py:2 imports inspector.recorder",
-        "capture_core/planted.py:2 imports inspector.recorder.Recorder",
+        "capture_core/planted.py:2 imports inspector.recording.recorder",
+        "capture_core/planted.py:2 imports inspector.recording.recorder.Recorder",
         "capture_core/ubatch/planted.py:1 imports inspector",
         "capture_core/ubatch/planted.py:1 imports inspector.queries",
     ]
@@ -116,3 +136,22 @@ def test_a_planted_flask_import_in_the_inspector_is_found_statically_and_at_run_
         "inspector/planted.py:5 imports flask",
     ]
     assert "flask" in forbidden_loaded(loaded_modules(root, ["inspector.planted"]), WEB)
+
+
+def test_a_planted_import_of_reading_in_storage_is_found_statically_and_at_run_time(tmp_path: Path) -> None:
+    root = _copy("inspector", tmp_path)
+    _plant(root, "inspector/storage/planted.py", """\
+        def late():
+            from inspector.reading.traffic import TrafficTotals  # imported only when called
+            return TrafficTotals
+        from inspector.gating import report
+        """)
+    assert _write_stage_violations(root) == [
+        "inspector/storage/planted.py:2 imports inspector.reading.traffic",
+        "inspector/storage/planted.py:2 imports inspector.reading.traffic.TrafficTotals",
+        "inspector/storage/planted.py:4 imports inspector.gating",
+        "inspector/storage/planted.py:4 imports inspector.gating.report",
+    ]
+    assert "inspector.gating.report" in forbidden_loaded(
+        loaded_modules(root, ["inspector.storage.planted"]), READ_STAGES
+    )

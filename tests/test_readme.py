@@ -19,8 +19,8 @@ def test_the_library_example_runs_and_records(tmp_path: Path, monkeypatch: pytes
     exec(compile(code, "README.md", "exec"), namespace)
     assert tuple(namespace["logits"].shape) == (3, namespace["model"].config.vocab_size)
 
-    from inspector.queries import Queries
-    from inspector.store import open_store
+    from inspector.reading.queries import Queries
+    from inspector.storage.store import open_store
 
     runs = Queries(open_store(f"sqlite:///{tmp_path / 'readme.db'}").engine).runs()
     assert [run["label"] for run in runs.items] == ["my-engine"]
@@ -52,7 +52,7 @@ def test_the_wheel_commands_install_the_build_tool_they_run() -> None:
 
 
 def test_the_metrics_table_is_the_exported_one() -> None:
-    from inspector.metrics import metrics_table_markdown
+    from inspector.reading.metrics import metrics_table_markdown
 
     assert metrics_table_markdown() in README
 

@@ -2,7 +2,7 @@
 
 Loopback by default. Binding anywhere else exposes graph-cache internals and stack traces to the
 network, so it needs an access token (``--token`` or $GRAPH_INSPECTOR_TOKEN). With ``--retain`` it
-also folds old traffic windows on a schedule (``inspector.retention``).
+also folds old traffic windows on a schedule (``inspector.storage.retention``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from flask import Flask
 
-    from inspector.retention import Policy
+    from inspector.storage.retention import Policy
 
 TOKEN_ENV = "GRAPH_INSPECTOR_TOKEN"
 DEFAULT_HOST = "127.0.0.1"
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 def _retention(tiers: list[str], every: str) -> tuple[Policy, float] | None:
     """The ``--retain`` policy and how often it runs (None without ``--retain``)."""
     from inspector.errors import UsageError
-    from inspector.retention import Policy, Tier, parse_duration
+    from inspector.storage.retention import Policy, Tier, parse_duration
 
     if not tiers:
         return None
@@ -109,7 +109,7 @@ def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
               "'Authorization: Bearer <token>'", flush=True)
     pruner = None
     if retention is not None:
-        from inspector.retention import Pruner
+        from inspector.storage.retention import Pruner
 
         policy, every = retention
         print(f"  retention: every {every:g} s, windows {policy}", flush=True)

@@ -7,8 +7,8 @@ import argparse
 
 def run(args: argparse.Namespace) -> int:
     from dashboard.demo import console, options, traffic, workload
-    from inspector.recorder import Recorder
-    from inspector.store import open_store, resolve_url
+    from inspector.recording.recorder import Recorder
+    from inspector.storage.store import open_store, resolve_url
 
     # Everything a user can get wrong is refused before the database is created or touched.
     options.check(args)

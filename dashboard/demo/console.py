@@ -1,6 +1,6 @@
 """What the demo prints: what is about to run, and the summary of what was recorded.
 
-The summary's figures come from the database through ``inspector.queries`` (the same read model as
+The summary's figures come from the database through ``inspector.reading.queries`` (the same read model as
 the dashboard's overview), not from the demo's own counting, so the console and the pages agree.
 """
 
@@ -62,7 +62,7 @@ def _percent(value: float | None) -> str:
 
 def print_summary(store: Any, run_id: int, runner: Runner, result: DemoResult, url: str) -> None:
     from capture_core.reference import batch_size_stats
-    from inspector.queries import Queries
+    from inspector.reading.queries import Queries
 
     queries = Queries(store.engine)
     summary = queries.summary(run_id)

@@ -1,7 +1,7 @@
 """What a recorded database says for the advice: the batch-size histogram of one or more runs (ranks
 pooled), the graphs start-up captured (their sizes are the current configuration; their capture
 time and pool memory feed the cost model) and, where a run's configuration says, the engine's
-largest batch. Read through ``inspector.queries`` only, as the dashboard reads it.
+largest batch. Read through ``inspector.reading.queries`` only, as the dashboard reads it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from inspector.advice.costs import CostModel, RecordedGraph
 from inspector.advice.sizes import Histogram
 from inspector.errors import UsageError
-from inspector.queries import Queries
+from inspector.reading.queries import Queries
 
 EVERY = 1_000_000
 """A page size that holds every run or graph of one database."""

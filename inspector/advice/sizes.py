@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from inspector.traffic import TrafficTotals
+from inspector.reading.traffic import TrafficTotals
 
 StepCost = Callable[[int], float]
 """What a step of ``n`` tokens costs; non-decreasing in ``n``."""

@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
 def _recorded(args: argparse.Namespace) -> Any:
     """What the database at ``--db`` recorded, for ``--run`` (every run when none is given)."""
     from inspector.advice.recorded import read_recorded
-    from inspector.queries import Queries
-    from inspector.store import open_store
+    from inspector.reading.queries import Queries
+    from inspector.storage.store import open_store
 
     store = open_store(args.db, upgrade=False)
     try:

@@ -7,7 +7,7 @@ import argparse
 
 
 def run_upgrade(args: argparse.Namespace) -> int:
-    from inspector.store import open_store
+    from inspector.storage.store import open_store
 
     store = open_store(args.db, upgrade=True)
     try:
@@ -18,8 +18,8 @@ def run_upgrade(args: argparse.Namespace) -> int:
 
 
 def run_current(args: argparse.Namespace) -> int:
-    from inspector.schema import head_revision
-    from inspector.store import open_store
+    from inspector.storage.schema import head_revision
+    from inspector.storage.store import open_store
 
     store = open_store(args.db, upgrade=False)
     try:
@@ -39,8 +39,8 @@ def run_current(args: argparse.Namespace) -> int:
 
 def run_prune(args: argparse.Namespace) -> int:
     from inspector.errors import UsageError
-    from inspector.retention import Policy, Tier, parse_duration, prune
-    from inspector.store import open_store
+    from inspector.storage.retention import Policy, Tier, parse_duration, prune
+    from inspector.storage.store import open_store
 
     try:
         policy = Policy((Tier(parse_duration(args.older_than), parse_duration(args.grain)),))

@@ -9,18 +9,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from inspector.gate import Thresholds
-    from inspector.report import Report
-    from inspector.store import Store
+    from inspector.gating.gate import Thresholds
+    from inspector.gating.report import Report
+    from inspector.storage.store import Store
 
 FORMATS = ("text", "json", "junit")
 
 
 def run(args: argparse.Namespace) -> int:
     from inspector.errors import UsageError
-    from inspector.gate import Thresholds
-    from inspector.report import build_report, render
-    from inspector.store import open_store
+    from inspector.gating.gate import Thresholds
+    from inspector.gating.report import build_report, render
+    from inspector.storage.store import open_store
 
     if args.baseline_run is not None and args.baseline is None:
         raise UsageError("--baseline-run needs --baseline URL")
@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _gate(args: argparse.Namespace, store: Store, report: Report, thresholds: Thresholds) -> None:
     """The candidate run against the baseline (``report.gate``), and the candidate saved as one."""
-    from inspector.baseline import newest_run, read_baseline, run_figures, save_baseline
-    from inspector.gate import compare
+    from inspector.gating.baseline import newest_run, read_baseline, run_figures, save_baseline
+    from inspector.gating.gate import compare
 
     baseline = read_baseline(args.baseline, store, args.baseline_run) if args.baseline else None
     # A baseline run of this database is not its own candidate.

@@ -18,8 +18,8 @@ import sys
 
 def run(args: argparse.Namespace) -> int:
     from inspector.errors import UsageError
-    from inspector.process import JOB_ENV
-    from inspector.store import open_store, resolve_url
+    from inspector.recording.process import JOB_ENV
+    from inspector.storage.store import open_store, resolve_url
     from inspector.watch.launch import WatchSettings, child_environment
     from inspector.watch.summary import watch_summary
 

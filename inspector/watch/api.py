@@ -72,7 +72,7 @@ def _recorder_sink(sink: object, label: str) -> RecorderSink | None:
     """A RecorderSink for a URL (its own Recorder) or an inspector Recorder; None for other sinks."""
     if sink is None or isinstance(sink, str):
         return RecorderSink(sink, label=label)
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     if isinstance(sink, Recorder):
         return RecorderSink(recorder=sink, label=label)

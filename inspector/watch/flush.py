@@ -4,7 +4,7 @@ The Recorder counts replays by the descriptor's fields (fast, and right for capt
 descriptor is a graph). Watched graphs are told apart by call site and shapes, which are not
 descriptor fields: two engines' 8-token graphs would share one counter. So the watch counts replays
 itself - the replay hook bumps ``WatchedGraph.replays``, nothing else - and this flusher turns the
-counters into replay windows, written through ``inspector.writer`` like the Recorder's (the same
+counters into replay windows, written through ``inspector.storage.writer`` like the Recorder's (the same
 rows and running totals), under each graph's own mode and identity, linked to the graph rows the
 Recorder wrote for its captures. It also records torch.compile's skips and re-records.
 
@@ -31,10 +31,10 @@ from typing import Any
 from sqlalchemy import Connection
 
 from capture_core.events import CaptureEvent, ViolationEvent
-from inspector.batch import ReplayDelta, TrafficWindow, graph_key
-from inspector.store import Store, open_store
+from inspector.recording.batch import ReplayDelta, TrafficWindow, graph_key
+from inspector.storage.store import Store, open_store
+from inspector.storage.writer import KnownTotals, append_traffic, graph_ids, record_compile_event
 from inspector.watch.watcher import CompileEvent, WatchedGraph
-from inspector.writer import KnownTotals, append_traffic, graph_ids, record_compile_event
 
 log = logging.getLogger(__name__)
 

@@ -79,7 +79,7 @@ class RecorderSink:
         with self._lock:
             if self.flusher is None:
                 if self.recorder is None:
-                    from inspector.recorder import Recorder
+                    from inspector.recording.recorder import Recorder
 
                     self.recorder = Recorder(
                         self.url,

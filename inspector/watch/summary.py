@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
 
-from inspector.models import CompileRecord, Graph, ReplayWindow, Run, Violation
-from inspector.report import compile_line
-from inspector.store import Store
+from inspector.gating.report import compile_line
+from inspector.storage.models import CompileRecord, Graph, ReplayWindow, Run, Violation
+from inspector.storage.store import Store
 
 
 @dataclass(frozen=True)

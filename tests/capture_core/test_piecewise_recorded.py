@@ -10,8 +10,8 @@ from capture_core.mixed_runner import MixedBatchRunner
 from capture_core.modes import CUDAGraphMode
 from capture_core.reference import ModelConfig, ReferenceDecoder, flatten_requests
 from capture_core.runtime import GraphRuntime
-from inspector.models import Graph, ReplayWindow
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
+from inspector.storage.models import Graph, ReplayWindow
 
 
 def test_the_recorder_stores_piecewise_graphs_with_segments_and_counts_their_replays(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from capture_core.reference.overlap import CommOverlapDecoder
 from capture_core.runtime import GraphRuntime
 from capture_core.ubatch.slices import maybe_create_ubatch_slices
 from capture_core.ubatch.wrapper import UBatchWrapper
-from inspector.models import EagerTotal, Graph
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
+from inspector.storage.models import EagerTotal, Graph
 
 
 def test_ubatch_graph_and_its_eager_fallback_are_recorded(tmp_path: Path) -> None:

@@ -18,10 +18,10 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from dashboard.app import create_app
-from inspector.store import Store, open_store
+from inspector.storage.store import Store, open_store
+from inspector.storage.writer import record_compile_event
 from inspector.watch.compile_log import SKIP_LOGGER, compile_event_from_record
 from inspector.watch.watcher import CompileEvent, CompileEventKind
-from inspector.writer import record_compile_event
 from tests.support.browser import CHROMIUM, chromium
 from tests.support.sample import seed_sample
 

@@ -12,9 +12,9 @@ from capture_core.sizes import EagerReason
 from inspector.advice.recommend import advise
 from inspector.advice.recorded import read_recorded
 from inspector.advice.render import as_dict, config_lines
-from inspector.queries import Queries
-from inspector.recorder import Recorder
-from inspector.store import open_store
+from inspector.reading.queries import Queries
+from inspector.recording.recorder import Recorder
+from inspector.storage.store import open_store
 
 
 def api(client: FlaskClient, url: str, status: int = 200) -> dict:

@@ -17,7 +17,7 @@ import torch
 from capture_core import DecodeRunner, GraphRuntime
 from capture_core.reference import ModelConfig, ReferenceDecoder
 from inspector import Recorder
-from inspector.store import Store, open_store
+from inspector.storage.store import Store, open_store
 from tests.support.browser import CHARTS_DRAWN
 from tests.support.daemon import Daemon
 from tests.support.sample import flush_eager_batch

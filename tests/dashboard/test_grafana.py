@@ -11,7 +11,7 @@ import pytest
 import yaml
 from flask.testing import FlaskClient
 
-from inspector.metrics import METRICS
+from inspector.reading.metrics import METRICS
 
 GRAFANA = Path(__file__).resolve().parents[2] / "dashboard" / "grafana"
 METRIC_NAME = re.compile(r"\bgraph_inspector_[a-z_]+\b")
@@ -44,7 +44,7 @@ def base_name(name: str) -> str:
         stem = name.removesuffix(suffix)
         if stem in declared and declared[stem].type == "summary":
             return stem
-    raise AssertionError(f"{name} is not in inspector.metrics.METRICS")
+    raise AssertionError(f"{name} is not in inspector.reading.metrics.METRICS")
 
 
 def test_every_named_metric_is_declared_by_the_collector() -> None:

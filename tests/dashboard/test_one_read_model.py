@@ -20,7 +20,7 @@ from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
 from dashboard.app import create_app
 from dashboard.units import count, percent
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
 
 REPO = Path(__file__).resolve().parents[2]
 COUNTS = ("replays", "eager_batches", "num_real_tokens", "padding_tokens")

@@ -1,4 +1,4 @@
-"""The read side (inspector.queries and its in-memory rollup): appended rows are folded in once,
+"""The read side (inspector.reading.queries and its in-memory rollup): appended rows are folded in once,
 deletions rebuild it, its series stay bounded however long and many the runs, and run pickers stay
 short."""
 
@@ -10,13 +10,13 @@ from sqlalchemy import delete, func, select
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.modes import CUDAGraphMode
-from inspector.batch import ReplayDelta, TrafficWindow, graph_key
-from inspector.models import ReplayWindow, Run
-from inspector.queries import Queries
-from inspector.rollup import Rollup, TimeBuckets
-from inspector.store import Store
-from inspector.traffic import TrafficTotals
-from inspector.writer import KnownTotals, add_to_violation, append_traffic
+from inspector.reading.queries import Queries
+from inspector.reading.rollup import Rollup, TimeBuckets
+from inspector.reading.traffic import TrafficTotals
+from inspector.recording.batch import ReplayDelta, TrafficWindow, graph_key
+from inspector.storage.models import ReplayWindow, Run
+from inspector.storage.store import Store
+from inspector.storage.writer import KnownTotals, add_to_violation, append_traffic
 from tests.support.sample import seed_sample
 
 

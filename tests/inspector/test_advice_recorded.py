@@ -15,9 +15,9 @@ from workers import FULL, capture
 from capture_core.descriptor import BatchDescriptor
 from capture_core.sizes import EagerReason
 from inspector.advice.recorded import read_recorded
-from inspector.queries import Queries
-from inspector.recorder import Recorder
-from inspector.store import open_store
+from inspector.reading.queries import Queries
+from inspector.recording.recorder import Recorder
+from inspector.storage.store import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,10 +18,10 @@ from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime
 from capture_core.wrapper import CUDAGraphWrapper
-from inspector.metrics import PREFIX, InspectorCollector
-from inspector.recorder import Recorder
-from inspector.report import build_report
-from inspector.store import open_store
+from inspector.gating.report import build_report
+from inspector.reading.metrics import PREFIX, InspectorCollector
+from inspector.recording.recorder import Recorder
+from inspector.storage.store import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,11 +22,11 @@ from sqlalchemy import func, select
 from workers import FULL, REPO, capture, child_env, drift, fetch_rows, locked
 
 from capture_core.descriptor import BatchDescriptor
-from inspector.losses import sidecar_path
-from inspector.models import Graph, ReplayWindow, Run, Violation
-from inspector.recorder import Recorder
-from inspector.store import StoreVanished, open_store
-from inspector.writer import RunInfo, insert_run
+from inspector.recording.losses import sidecar_path
+from inspector.recording.recorder import Recorder
+from inspector.storage.models import Graph, ReplayWindow, Run, Violation
+from inspector.storage.store import StoreVanished, open_store
+from inspector.storage.writer import RunInfo, insert_run
 from tests.support.installed import Program
 from tests.support.sample import seed_bulk
 
@@ -86,7 +86,7 @@ import json, logging, os, subprocess, sys, time
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 from workers import FULL, capture, drift
 from capture_core.descriptor import BatchDescriptor
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
 path = sys.argv[1]
 d = BatchDescriptor(4, 4, True)
 recorder = Recorder(f"sqlite:///{path}", flush_interval=0.05, close_timeout=1.0).start()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from inspector.baseline import Figures, GraphFigures, figures_from_json, load_baseline
 from inspector.errors import UsageError
-from inspector.gate import DEFAULTS, MIB, REGRESSION, SKIPPED, Thresholds, compare
-from inspector.traffic import TrafficTotals
+from inspector.gating.baseline import Figures, GraphFigures, figures_from_json, load_baseline
+from inspector.gating.gate import DEFAULTS, MIB, REGRESSION, SKIPPED, Thresholds, compare
+from inspector.reading.traffic import TrafficTotals
 
 
 def figures(**graphs: tuple[int, int, float, int]) -> Figures:

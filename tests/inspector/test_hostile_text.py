@@ -17,11 +17,11 @@ from workers import FULL, capture, child_env, drift, fetch_rows
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationEvent
-from inspector.models import CompileRecord, Graph, ReplayWindow, Run, Violation
-from inspector.recorder import Recorder
-from inspector.store import open_store
-from inspector.text import TEXT_LIMIT, cut, storable, storable_json
-from inspector.writer import record_compile_event
+from inspector.recording.recorder import Recorder
+from inspector.storage.models import CompileRecord, Graph, ReplayWindow, Run, Violation
+from inspector.storage.store import open_store
+from inspector.storage.text import TEXT_LIMIT, cut, storable, storable_json
+from inspector.storage.writer import record_compile_event
 
 ANY_TEXT = st.text(alphabet=st.characters(blacklist_categories=()), max_size=300)
 """Every code point, lone surrogates and NUL included."""
@@ -126,7 +126,7 @@ def test_compile_reasons_with_surrogates_are_stored_and_repeats_still_count(db_u
 
 ENGINE = """
 import sys
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
 recorder = Recorder(sys.argv[1], label="run of " + sys.argv[2], config={"trace": sys.argv[2]}).start()
 assert recorder.flush(timeout=20), recorder.last_error
 recorder.close()

@@ -20,12 +20,12 @@ from workers import FULL, REPO, SIZES, capture, child_env, drift, fetch_rows, lo
 from capture_core.descriptor import BatchDescriptor
 from capture_core.sizes import EagerReason
 from dashboard.app import create_app
-from inspector.losses import Losses, RunIdentity, Sidecar, record_unwritten, sidecar_path
-from inspector.metrics import PREFIX, InspectorCollector
-from inspector.models import ReplayWindow, Run, Violation
-from inspector.recorder import Recorder
-from inspector.report import build_report, render_text
-from inspector.store import open_store
+from inspector.gating.report import build_report, render_text
+from inspector.reading.metrics import PREFIX, InspectorCollector
+from inspector.recording.losses import Losses, RunIdentity, Sidecar, record_unwritten, sidecar_path
+from inspector.recording.recorder import Recorder
+from inspector.storage.models import ReplayWindow, Run, Violation
+from inspector.storage.store import open_store
 
 LOST_REPLAYS = 42_600
 
@@ -97,7 +97,7 @@ LATE_CHILD = """
 import sys
 from workers import FULL, drift
 from capture_core.descriptor import BatchDescriptor
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
 d = BatchDescriptor(4, 4, True)
 recorder = Recorder(sys.argv[1], flush_interval=0.05).start()
 for _ in range(10):
@@ -144,7 +144,7 @@ import json, logging, os, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 from workers import FULL, capture, drift
 from capture_core.descriptor import BatchDescriptor
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
 from tests.support.recording import fill_filesystem
 url, filler = sys.argv[1], sys.argv[2]
 fill = lambda: fill_filesystem(filler)

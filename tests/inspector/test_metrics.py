@@ -13,11 +13,11 @@ from workers import FULL, PIECEWISE, capture, drift
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationEvent, ViolationKind
 from capture_core.sizes import EagerReason
-from inspector.metrics import METRICS, PREFIX, InspectorCollector, metrics_table_markdown
-from inspector.recorder import Recorder
-from inspector.store import open_store
+from inspector.reading.metrics import METRICS, PREFIX, InspectorCollector, metrics_table_markdown
+from inspector.recording.recorder import Recorder
+from inspector.storage.store import open_store
+from inspector.storage.writer import record_compile_event
 from inspector.watch.watcher import CompileEvent, CompileEventKind
-from inspector.writer import record_compile_event
 
 ALLOWED_LABELS = {"mode", "captured_size", "reason", "kind", "state"}
 

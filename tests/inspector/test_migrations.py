@@ -12,13 +12,13 @@ from workers import FULL, PIECEWISE, capture, drift, fetch_rows
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.sizes import EagerReason
-from inspector import schema
-from inspector.metrics import InspectorCollector
-from inspector.models import Base
-from inspector.queries import Queries
-from inspector.recorder import Recorder
-from inspector.report import build_report, render_json
-from inspector.store import open_store
+from inspector.gating.report import build_report, render_json
+from inspector.reading.metrics import InspectorCollector
+from inspector.reading.queries import Queries
+from inspector.recording.recorder import Recorder
+from inspector.storage import schema
+from inspector.storage.models import Base
+from inspector.storage.store import open_store
 
 BEFORE_VOCABULARY = "0003_compile_events"
 OLD_COLUMNS = {

@@ -63,7 +63,7 @@ def plugin_args(pytestconfig: pytest.Config) -> list[str]:
     """Load the plugin in the inner run unless the installed entry point already does."""
     if pytestconfig.pluginmanager.has_plugin("graph_inspector"):
         return []
-    return ["-p", "inspector.pytest_plugin"]
+    return ["-p", "inspector.gating.pytest_plugin"]
 
 
 def test_a_recorded_violation_fails_the_test_it_happened_in(pytester: pytest.Pytester, plugin_args) -> None:

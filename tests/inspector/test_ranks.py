@@ -21,9 +21,9 @@ from sqlalchemy import select
 
 from capture_core.modes import CUDAGraphMode
 from capture_core.ubatch.dp import coordinate_batch_across_dp
-from inspector.metrics import InspectorCollector
-from inspector.models import Run, Violation
-from inspector.store import open_store
+from inspector.reading.metrics import InspectorCollector
+from inspector.storage.models import Run, Violation
+from inspector.storage.store import open_store
 from tests.support.cli import cli
 from tests.support.engine import decode_engine, decode_step
 
@@ -59,7 +59,7 @@ def _rank(rank: int, world: int, port: int, url: str) -> None:
 
 
 def _run_job(job: str, rank: int, world: int, url: str) -> None:
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     odd = rank == odd_rank(world)
     sizes = ODD_SIZES if job == "capture_differs" and odd else SIZES

@@ -16,7 +16,8 @@ from capture_core.dispatcher import CUDAGraphDispatcher
 from capture_core.events import FanOutObserver, NullObserver
 from capture_core.sizes import EagerReason
 from inspector.errors import DatabaseError
-from inspector.models import (
+from inspector.recording.recorder import Recorder
+from inspector.storage.models import (
     BatchSizeCount,
     EagerFallback,
     EagerTotal,
@@ -26,8 +27,7 @@ from inspector.models import (
     Run,
     Violation,
 )
-from inspector.recorder import Recorder
-from inspector.store import open_store
+from inspector.storage.store import open_store
 
 
 def _scalar(url: str, statement):

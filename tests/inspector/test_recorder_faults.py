@@ -20,9 +20,9 @@ from sqlalchemy import func, select
 from workers import FULL, capture, child_env, drift, fetch_rows
 
 from capture_core.descriptor import BatchDescriptor
-from inspector.models import Graph, ReplayTotal, ReplayWindow, Run, Violation
-from inspector.recorder import Recorder
-from inspector.store import open_store
+from inspector.recording.recorder import Recorder
+from inspector.storage.models import Graph, ReplayTotal, ReplayWindow, Run, Violation
+from inspector.storage.store import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -135,7 +135,7 @@ import json, logging, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 from workers import FULL, capture, drift
 from capture_core.descriptor import BatchDescriptor
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
 d = BatchDescriptor(4, 4, True)
 recorder = Recorder(sys.argv[1], flush_interval=0.05, close_timeout=1.0).start()
 recorder.on_capture(capture(d))
@@ -261,7 +261,7 @@ EXITING_CHILD = """
 import sys
 from workers import FULL, capture, drift
 from capture_core.descriptor import BatchDescriptor
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
 d = BatchDescriptor(4, 4, True)
 recorder = Recorder(sys.argv[1], flush_interval=3600).start()
 recorder.on_capture(capture(d))

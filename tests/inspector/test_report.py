@@ -11,11 +11,11 @@ from workers import FULL, capture, drift
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationEvent, ViolationKind
-from inspector.recorder import Recorder
-from inspector.report import build_report, render_json, render_junit, render_text
-from inspector.store import open_store
+from inspector.gating.report import build_report, render_json, render_junit, render_text
+from inspector.recording.recorder import Recorder
+from inspector.storage.store import open_store
+from inspector.storage.writer import record_compile_event
 from inspector.watch.watcher import CompileEvent, CompileEventKind
-from inspector.writer import record_compile_event
 from tests.support.cli import cli
 
 

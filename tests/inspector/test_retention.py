@@ -16,9 +16,12 @@ from sqlalchemy import func, select
 from workers import FULL, PIECEWISE, capture, fetch_rows
 
 from capture_core.descriptor import BatchDescriptor
-from inspector.batch import ReplayDelta, TrafficWindow, graph_key
-from inspector.metrics import InspectorCollector
-from inspector.models import (
+from inspector.gating.report import build_report, render_json
+from inspector.ranks.steps import StepSegment, stretches
+from inspector.reading.metrics import InspectorCollector
+from inspector.reading.queries import Queries
+from inspector.recording.batch import ReplayDelta, TrafficWindow, graph_key
+from inspector.storage.models import (
     BatchSizeCount,
     EagerFallback,
     EagerTotal,
@@ -27,12 +30,9 @@ from inspector.models import (
     StepSequence,
     WindowFold,
 )
-from inspector.queries import Queries
-from inspector.report import build_report, render_json
-from inspector.retention import Policy, Tier, describe_duration, parse_duration, prune
-from inspector.steps import StepSegment, stretches
-from inspector.store import Store, open_store
-from inspector.writer import (
+from inspector.storage.retention import Policy, Tier, describe_duration, parse_duration, prune
+from inspector.storage.store import Store, open_store
+from inspector.storage.writer import (
     KnownTotals,
     RunInfo,
     append_steps,

@@ -1,5 +1,5 @@
-"""The step sequence a rank keeps (inspector.steps), the job a run belongs to (inspector.process),
-and the ranks' comparison on hand-made sequences (inspector.ranks)."""
+"""The step sequence a rank keeps (inspector.ranks.steps), the job a run belongs to
+(inspector.recording.process), and the ranks' comparison on hand-made sequences (inspector.ranks.check)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from workers import FULL, PIECEWISE
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.sizes import EagerReason
-from inspector.process import detect_job
-from inspector.ranks import RankRun, StepDivergences
-from inspector.recorder import Recorder
-from inspector.steps import EAGER, IDLE, StepLog, StepSegment, stretches
+from inspector.ranks.check import RankRun, StepDivergences
+from inspector.ranks.steps import EAGER, IDLE, StepLog, StepSegment, stretches
+from inspector.recording.process import detect_job
+from inspector.recording.recorder import Recorder
 
 D4, D8 = BatchDescriptor(4, 4, True), BatchDescriptor(8, None)
 L4, L8 = "full tokens=4,reqs=4,uniform=1", "piecewise tokens=8,reqs=any,uniform=0"

@@ -11,11 +11,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
-from inspector import schema
 from inspector.errors import DatabaseError
-from inspector.models import Base, Run
-from inspector.store import DEFAULT_URL, ENV_VAR, StoreUnavailable, open_store, resolve_url
-from inspector.writer import RunInfo, insert_run
+from inspector.storage import schema
+from inspector.storage.models import Base, Run
+from inspector.storage.store import DEFAULT_URL, ENV_VAR, StoreUnavailable, open_store, resolve_url
+from inspector.storage.writer import RunInfo, insert_run
 
 
 def _digest(path: Path) -> str:

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import select
 from test_watch_standin import standin_possible
 
-from inspector.models import Graph, Run, Violation
-from inspector.store import open_store
+from inspector.storage.models import Graph, Run, Violation
+from inspector.storage.store import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

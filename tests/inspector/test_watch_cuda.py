@@ -16,8 +16,8 @@ from sqlalchemy import select
 from test_watch_hooks import Collector
 
 from inspector import watch
-from inspector.models import CompileRecord, Graph, ReplayTotal, Violation
-from inspector.store import open_store
+from inspector.storage.models import CompileRecord, Graph, ReplayTotal, Violation
+from inspector.storage.store import open_store
 from inspector.watch.compile_log import SKIP_LOGGER
 from inspector.watch.watcher import CompileEventKind
 

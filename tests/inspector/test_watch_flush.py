@@ -11,8 +11,8 @@ from workers import fetch_rows
 
 from capture_core.events import CaptureEvent
 from capture_core.modes import CUDAGraphMode
-from inspector.models import Graph, ReplayTotal, ReplayWindow
-from inspector.recorder import Recorder
+from inspector.recording.recorder import Recorder
+from inspector.storage.models import Graph, ReplayTotal, ReplayWindow
 from inspector.watch.flush import WatchFlusher
 from inspector.watch.identity import CallSite, CapturedInputs, GraphIdentity
 from inspector.watch.watcher import WatchedGraph

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import select
 from test_watch_command import needs_standin, script, watch
 
-from inspector.models import Run, Violation
-from inspector.store import open_store
+from inspector.storage.models import Run, Violation
+from inspector.storage.store import open_store
 
 
 def _runs(db: Path) -> list[tuple[str | None, int, int, list[str]]]:

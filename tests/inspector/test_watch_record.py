@@ -14,8 +14,8 @@ from test_watch_standin import eager_cuda_graphs
 from workers import fetch_rows
 
 from inspector import watch
-from inspector.models import CompileRecord, Graph, ReplayTotal, ReplayWindow, Run, Violation
-from inspector.store import open_store
+from inspector.storage.models import CompileRecord, Graph, ReplayTotal, ReplayWindow, Run, Violation
+from inspector.storage.store import open_store
 from inspector.watch.compile_log import SKIP_LOGGER
 from inspector.watch.summary import watch_summary
 
@@ -99,7 +99,7 @@ def test_records_wait_for_the_next_write_however_many_captures_arrive(db: str) -
     per capture (its graph row, its storm, its re-record) would be database work taking the GIL
     from the decode loop several times a second. The watch hands everything over once per interval
     (here the Recorder's 60 s), so nothing is written before it, or before uninstall."""
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     recorder = Recorder(db, label="one write per interval", flush_interval=60).start()
     watch.install(recorder, storm_threshold=1)
@@ -131,7 +131,7 @@ def capture_elsewhere(x: torch.Tensor) -> torch.cuda.CUDAGraph:
 
 
 def test_same_sized_graphs_of_two_call_sites_keep_their_own_replays_in_a_recorder_you_own(db: str) -> None:
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     recorder = Recorder(db, label="own recorder", flush_interval=0.2).start()
     watch.install(recorder)
@@ -157,7 +157,7 @@ def test_same_sized_graphs_of_two_call_sites_keep_their_own_replays_in_a_recorde
 def test_a_watch_installed_again_on_a_recorder_you_own_adds_to_the_same_totals(db: str) -> None:
     """Each installation writes through its own flusher into the one run: the second must bump the
     running totals the first made, not insert them again (which the database refuses)."""
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     recorder = Recorder(db, label="installed twice", flush_interval=60).start()
     for replays in (2, 3):

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from inspector.models import CompileRecord, Graph
-from inspector.store import open_store
+from inspector.storage.models import CompileRecord, Graph
+from inspector.storage.store import open_store
 
 pytest.importorskip("transformers")
 

@@ -62,7 +62,7 @@ def decode_step(runner: DecodeRunner, num_tokens: int) -> torch.Tensor:
 def decode_run(url: str, sizes: Sequence[int], batches: Iterable[int], *, bytes_per_token: int = 0,
                label: str = "") -> int:
     """A whole recorded run: capture ``sizes``, serve ``batches``; its run id."""
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     with Recorder(url, label=label, job="") as recorder:
         runner = decode_engine(sizes, recorder, bytes_per_token)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent, ViolationKind
 from capture_core.modes import CUDAGraphMode
-from inspector.queries import Queries
-from inspector.recorder import Recorder
-from inspector.store import open_store
+from inspector.reading.queries import Queries
+from inspector.recording.recorder import Recorder
+from inspector.storage.store import open_store
 from inspector.watch.flush import WatchFlusher
 from inspector.watch.watcher import CompileEvent, CompileEventKind
 

@@ -56,7 +56,7 @@ def drift(
 def record_traffic(url: str, rank: int, replays_per_size: int, violations: int, world_size: int = 4
                    ) -> dict[str, int]:
     """One rank's run: a capture per size, replays, eager batches and distinct violations."""
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     recorder = Recorder(url, rank=rank, world_size=world_size, flush_interval=0.05, label=f"rank{rank}")
     with recorder:
@@ -82,7 +82,7 @@ def record_until_killed(url: str, ledger_path: str) -> None:
     The parent reads the ledger, kills this process with SIGKILL, and checks the database holds at
     least everything the last ledger line claims.
     """
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     recorder = Recorder(url, flush_interval=0.05, label="killed").start()
     descriptor = BatchDescriptor(8, 8, True)

@@ -1,7 +1,7 @@
 """Synthetic inspector databases: a small realistic one for page tests and screenshots, and a
 bulk one (a million replay windows) for the dashboard benchmark.
 
-Both are written through the inspector's one write path (``inspector.writer``), so that they hold
+Both are written through the inspector's one write path (``inspector.storage.writer``), so that they hold
 exactly what a recorder leaves behind, without running a model: the small one flush by flush
 through a ``RunWriter`` as a recorder writes it, the bulk one with the same functions in large
 executemany batches.
@@ -22,10 +22,17 @@ from capture_core.events import CaptureEvent, ViolationEvent, ViolationKind
 from capture_core.modes import CUDAGraphMode
 from capture_core.reference import TrafficConfig, decode_batch_sizes, load_trace
 from capture_core.sizes import EagerReason, SizeTable, power_of_two_sizes, vllm_default_sizes
-from inspector.batch import FlushBatch, PendingViolation, ReplayDelta, TrafficWindow, graph_key, violation_key
-from inspector.losses import Losses
-from inspector.store import Store
-from inspector.writer import (
+from inspector.recording.batch import (
+    FlushBatch,
+    PendingViolation,
+    ReplayDelta,
+    TrafficWindow,
+    graph_key,
+    violation_key,
+)
+from inspector.recording.losses import Losses
+from inspector.storage.store import Store
+from inspector.storage.writer import (
     KnownTotals,
     RunInfo,
     RunWriter,
@@ -374,7 +381,7 @@ def seed_job(url: str, job: str = "torchrun:sample-job") -> dict[str, int]:
     """A data-parallel job of two ranks, recorded by their own Recorders (rank 0's compares them):
     rank 1 captured a 16-token graph where rank 0 captured 8, and at step 3 replayed 4 tokens
     where rank 0 replayed 2. Returns the ranks' run ids."""
-    from inspector.recorder import Recorder
+    from inspector.recording.recorder import Recorder
 
     sizes = {0: (1, 2, 4, 8), 1: (1, 2, 4, 16)}
     steps = [1, 2, 4, 2, 1, 4]

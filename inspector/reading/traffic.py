@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Connection, cast, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import BigInteger, ColumnElement, cast, func, select
 
-from inspector.models import EagerTotal, ReplayTotal
+from inspector.storage.models import EagerTotal, ReplayTotal
+from inspector.storage.store import Reader
 
 
 @dataclass(slots=True)
@@ -65,9 +65,6 @@ class TrafficTotals:
 def integer_sum(column: ColumnElement[Any]) -> ColumnElement[int]:
     """SUM that stays an integer: PostgreSQL sums bigints as numeric (a Decimal in Python)."""
     return cast(func.sum(column), BigInteger)
-
-
-Reader = Connection | Session
 
 
 def replay_totals(

@@ -1,6 +1,6 @@
 """A SQLite database is files, and files go wrong under a running process: corrupted, deleted or
 replaced, made read-only or immutable. What the store checks, and how, so that none of it costs
-data or the engine's life (``inspector.store`` raises the errors):
+data or the engine's life (``inspector.storage.store`` raises the errors):
 
 - **corruption**: ``PRAGMA quick_check`` (every page of every table and index read once, no index
   cross-check) before anything writes to or reports from a file;

@@ -7,20 +7,20 @@ the copy against what it last *committed*, and writes the difference as this win
 failed write commits nothing, so the next window simply covers the gap: no count is lost to a race
 or to an outage. Captures and violations are rare and carry full records; they are queued, the
 flush thread is woken and writes them at once. The ``Recorder`` is the engine's half and the
-thread's loop; what the thread holds and writes is ``inspector.flusher``'s, its trouble with the
-database ``inspector.outage``'s.
+thread's loop; what the thread holds and writes is ``inspector.recording.flusher``'s, its trouble with the
+database ``inspector.recording.outage``'s.
 
 Nothing here raises into the engine once recording has started: a locked, unwritable or vanished
 database is retried with backoff (a vanished SQLite file is recreated and what went into the old
 one is written again), a corrupt one is left alone, and what cannot be kept is counted as events
 (``losses``: replays, eager batches, violation occurrences, captures, real tokens), logged, and
 written to the run's row when the database is writable again; what is lost at or after ``close()``
-goes where ``inspector.losses`` says. The counters assume one engine thread calls ``on_replay`` at
+goes where ``inspector.recording.losses`` says. The counters assume one engine thread calls ``on_replay`` at
 a time.
 
 A recorder that is a rank of a job (``job``, or torchrun's or SLURM's environment, and more than
-one rank) also keeps the order of its batches (``inspector.steps``: one list append per batch), and
-rank 0's recorder compares the ranks after each window (``inspector.ranks``).
+one rank) also keeps the order of its batches (``inspector.ranks.steps``: one list append per batch), and
+rank 0's recorder compares the ranks after each window (``inspector.ranks.check``).
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, FanOutObserver, NullObserver, ViolationEvent
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
-from inspector.batch import EagerKey, ReplayKey
-from inspector.flusher import Flusher, TakenOver
-from inspector.losses import Losses
-from inspector.process import describe_process
-from inspector.steps import StepLog
-from inspector.store import resolve_url
+from inspector.ranks.steps import StepLog
+from inspector.recording.batch import EagerKey, ReplayKey
+from inspector.recording.flusher import Flusher, TakenOver
+from inspector.recording.losses import Losses
+from inspector.recording.process import describe_process
+from inspector.storage.store import resolve_url
 
 log = logging.getLogger("graph_inspector.recorder")
 
@@ -325,7 +325,7 @@ class Recorder:
 
     def _final_flush(self) -> None:
         """At close: keep retrying until ``close_timeout`` after close() was called, then count what
-        is left as dropped and record what the run's row could not take (``inspector.losses``)."""
+        is left as dropped and record what the run's row could not take (``inspector.recording.losses``)."""
         deadline = self._close_deadline
         flusher = self._flusher
         while True:
@@ -344,7 +344,7 @@ class Recorder:
 
     def record_late_losses(self) -> None:
         """After close(): what the engine reported since is lost; count it in the run's row, or
-        where ``inspector.losses`` says. The exit hook calls this for every closed recorder."""
+        where ``inspector.recording.losses`` says. The exit hook calls this for every closed recorder."""
         if self._finished:
             self._flusher.settle(self.losses, "reported after close()", try_database=True)
             self._flusher.dispose()

@@ -1,11 +1,11 @@
 """The flush thread's half of a recorder: what it takes from the engine's counters and queues, and
-how it gets that into the database (``inspector.recorder`` tells the whole story).
+how it gets that into the database (``inspector.recording.recorder`` tells the whole story).
 
 Each window it copies the counters, diffs the copy against what the database holds (the snapshot
 of the last commit) and writes the difference with the records pending, in one transaction
-(``inspector.writer``); only a commit moves the snapshot. A vanished SQLite file is recreated and
+(``inspector.storage.writer``); only a commit moves the snapshot. A vanished SQLite file is recreated and
 what went into it is written again; a batch the database refuses as it is gives up its records
-(or its traffic) and counts them as lost; the trouble with the database is ``inspector.outage``'s.
+(or its traffic) and counts them as lost; the trouble with the database is ``inspector.recording.outage``'s.
 
 What the thread has not written is its to answer for until ``close()`` stops waiting for it
 (``Custody``): then ``close()`` counts it as lost, and the thread, whenever it gets through, finds
@@ -24,14 +24,28 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from capture_core.events import CaptureEvent, ViolationEvent
-from inspector.batch import EagerKey, FlushBatch, PendingRecords, ReplayKey, TrafficWindow, traffic_since
 from inspector.errors import DatabaseError
-from inspector.losses import Losses, RunIdentity, settle
-from inspector.outage import Outage, first_line, refused_as_it_is
-from inspector.ranks import RankCheck
-from inspector.steps import StepLog
-from inspector.store import Store, StoreCorrupt, StoreUnavailable, StoreVanished, open_store, sqlite_file
-from inspector.writer import RunInfo, RunWriter, update_run
+from inspector.ranks.check import RankCheck
+from inspector.ranks.steps import StepLog
+from inspector.recording.batch import (
+    EagerKey,
+    FlushBatch,
+    PendingRecords,
+    ReplayKey,
+    TrafficWindow,
+    traffic_since,
+)
+from inspector.recording.losses import Losses, RunIdentity, settle
+from inspector.recording.outage import Outage, first_line, refused_as_it_is
+from inspector.storage.store import (
+    Store,
+    StoreCorrupt,
+    StoreUnavailable,
+    StoreVanished,
+    open_store,
+    sqlite_file,
+)
+from inspector.storage.writer import RunInfo, RunWriter, update_run
 
 log = logging.getLogger("graph_inspector.recorder")
 

@@ -10,8 +10,8 @@ rows of a run grow with its length in hours, not seconds.
 Folding keeps every figure: a folded row is the sum of the rows it replaces (replays, real and
 padding tokens, batches, and ``windows``, the flush windows it holds) over the union of their
 time spans, and the running totals, which every total is read from, are not touched. It is the one
-writer that removes traffic rows; ``inspector.writer`` appends them. The step sequences of ranks of
-a job (``inspector.steps``) are folded the same way: the rows of a grain that follow one another
+writer that removes traffic rows; ``inspector.storage.writer`` appends them. The step sequences of ranks of
+a job (``inspector.ranks.steps``) are folded the same way: the rows of a grain that follow one another
 joined into one, every step and its label kept, so the ranks' check reads the same steps.
 
 It runs as ``graph-inspector db prune --older-than 7d [--grain 1h]``, and in the daemon
@@ -34,13 +34,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Table, func, insert, literal, select, tuple_
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Table,
+    cast,
+    func,
+    insert,
+    literal,
+    select,
+    tuple_,
+)
 from sqlalchemy import delete as sql_delete
 
-from inspector import models
-from inspector.rollup import time_bucket
-from inspector.steps import StepSegment
-from inspector.store import Store
+from inspector.ranks.steps import StepSegment
+from inspector.storage import models
+from inspector.storage.store import Store
 
 FOLD_CACHE_KIB = -262144
 """SQLite's page cache for a fold transaction: 256 MiB (negative: KiB, as SQLite counts it)."""
@@ -340,3 +350,12 @@ class Pruner:
                 self.report(f"prune failed, trying again in {describe_duration(self.every)}: {error}")
             if self._stop.wait(self.every):
                 return
+
+
+def time_bucket(conn: Connection, column: ColumnElement[float], grain: float) -> ColumnElement[int]:
+    """The time-bucket index of a row: floor(time / grain). SQLite's CAST truncates, which is the
+    floor for positive times (its floor() is an optional build); PostgreSQL's CAST rounds."""
+    scaled = column / grain
+    if conn.dialect.name != "sqlite":
+        scaled = func.floor(scaled)
+    return cast(scaled, BigInteger).label("bucket")

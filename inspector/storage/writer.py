@@ -26,8 +26,8 @@ from sqlalchemy import Connection, bindparam, insert, select, tuple_, update
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent
 from capture_core.modes import CUDAGraphMode
-from inspector import models
-from inspector.batch import (
+from inspector.ranks.steps import StepSegment
+from inspector.recording.batch import (
     FlushBatch,
     GraphKey,
     PendingViolation,
@@ -36,10 +36,10 @@ from inspector.batch import (
     graph_key,
     stored_key,
 )
-from inspector.losses import Losses
-from inspector.steps import StepSegment
-from inspector.store import Store
-from inspector.text import storable_json, storable_row
+from inspector.recording.losses import Losses
+from inspector.storage import models
+from inspector.storage.store import Store
+from inspector.storage.text import storable_json, storable_row
 
 UNKNOWN_BACKEND = "unknown"
 
@@ -58,7 +58,7 @@ class RunInfo:
     config: str
     started_at: float
     job: str | None = None
-    """The distributed job this run is a rank of (see ``inspector.process.detect_job``)."""
+    """The distributed job this run is a rank of (see ``inspector.recording.process.detect_job``)."""
 
 
 def descriptor_values(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> dict[str, object]:
@@ -326,7 +326,7 @@ def _add_to_totals(
 
 
 def append_steps(conn: Connection, run_id: int, steps: StepSegment, window: TrafficWindow) -> None:
-    """One rank's steps over one flush window (``inspector.steps``), for the ranks to be compared."""
+    """One rank's steps over one flush window (``inspector.ranks.steps``), for the ranks to be compared."""
     conn.execute(insert(models.StepSequence).values(
         run_id=run_id, first_step=steps.first_step, steps=steps.steps, window_start=window.window_start,
         window_end=window.window_end, sequence=steps.to_json(),

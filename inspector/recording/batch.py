@@ -14,10 +14,10 @@ from typing import Any
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent
 from capture_core.modes import CUDAGraphMode
-from inspector.losses import Losses
-from inspector.models import Graph
-from inspector.steps import StepSegment
-from inspector.text import column_limits, storable
+from inspector.ranks.steps import StepSegment
+from inspector.recording.losses import Losses
+from inspector.storage.models import Graph
+from inspector.storage.text import column_limits, storable
 
 KEY_LIMIT = column_limits(Graph)["descriptor_key"]
 
@@ -40,7 +40,7 @@ def graph_key(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> GraphKey:
 
 def stored_key(descriptor: BatchDescriptor) -> str:
     """The descriptor's key as ``descriptor_key`` holds it: storable, and cut with a digest so that
-    long keys sharing their start stay apart (see ``inspector.text``)."""
+    long keys sharing their start stay apart (see ``inspector.storage.text``)."""
     return storable(descriptor.key, KEY_LIMIT, digest=True)
 
 

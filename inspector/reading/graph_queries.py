@@ -9,11 +9,11 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from inspector import fields
-from inspector.listing import VIOLATION_ORDER, Page, equal, page_of
-from inspector.models import Graph, ReplayTotal, ReplayWindow, Violation
-from inspector.run_queries import RunQueries
-from inspector.traffic import TrafficTotals, integer_sum, replay_totals
+from inspector.reading import fields
+from inspector.reading.listing import VIOLATION_ORDER, Page, equal, page_of
+from inspector.reading.run_queries import RunQueries
+from inspector.reading.traffic import TrafficTotals, integer_sum, replay_totals
+from inspector.storage.models import Graph, ReplayTotal, ReplayWindow, Violation
 
 GRAPH_SORTS = {
     "id": Graph.id,

@@ -1,4 +1,4 @@
-"""The distributed jobs: the job listing, and one job rank by rank (``inspector.ranks``'s matrix)."""
+"""The distributed jobs: the job listing, and one job rank by rank (``inspector.ranks.check``'s matrix)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Any
 from sqlalchemy import func, select
 
 from capture_core.events import ViolationKind
-from inspector import fields
-from inspector.listing import VIOLATION_ORDER, Page
-from inspector.models import ReplayTotal, Run, Violation
-from inspector.ranks import captured_graphs, job_runs, rank_matrix
-from inspector.run_queries import RunQueries
-from inspector.traffic import integer_sum, replay_totals
+from inspector.ranks.check import captured_graphs, job_runs, rank_matrix
+from inspector.reading import fields
+from inspector.reading.listing import VIOLATION_ORDER, Page
+from inspector.reading.run_queries import RunQueries
+from inspector.reading.traffic import integer_sum, replay_totals
+from inspector.storage.models import ReplayTotal, Run, Violation
 
 RANK_DIVERGENCE = ViolationKind.RANK_DIVERGENCE.value
 

@@ -13,8 +13,8 @@ import sys
 import time
 from typing import Any
 
-from inspector.text import storable_json
-from inspector.writer import RunInfo
+from inspector.storage.text import storable_json
+from inspector.storage.writer import RunInfo
 
 
 def describe_process(

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inspector.baseline import Figures, GraphFigures, by_size
 from inspector.errors import UsageError
+from inspector.gating.baseline import Figures, GraphFigures, by_size
 
 MIB = 1 << 20
 

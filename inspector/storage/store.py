@@ -10,7 +10,7 @@ Opening never overwrites a file it does not understand: a malformed URL, a corru
 file, another application's database or one written by a newer schema is refused with a clear
 ``DatabaseError`` and left as it was. A SQLite file is checked whole (``PRAGMA quick_check``)
 before anything writes to it or reports from it, and every write transaction checks that the file
-is still the one opened, and writable, before and after it commits (``inspector.sqlite_file``).
+is still the one opened, and writable, before and after it commits (``inspector.storage.sqlite_file``).
 """
 
 from __future__ import annotations
@@ -25,15 +25,25 @@ from sqlalchemy import Connection, Engine, create_engine, event, exc, make_url, 
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
-from inspector import schema
 from inspector.errors import DatabaseError
-from inspector.sqlite_file import FileIdentity, GuardedConnection, identity, quick_check, unwritable_files
+from inspector.storage import schema
+from inspector.storage.sqlite_file import (
+    FileIdentity,
+    GuardedConnection,
+    identity,
+    quick_check,
+    unwritable_files,
+)
 
 ENV_VAR = "GRAPH_INSPECTOR_DB"
 DEFAULT_URL = "sqlite:///graph-inspector.db"
 BUSY_TIMEOUT_MS = 5000
 MIGRATION_LOCK_KEY = 0x6772_6170_6869_6E73 & 0x7FFF_FFFF_FFFF_FFFF
 """PostgreSQL advisory-lock key that serialises concurrent upgrades."""
+
+
+Reader = Connection | Session
+"""What the read functions take: a connection, or a session of the dashboard's."""
 
 
 class StoreUnavailable(DatabaseError):
@@ -290,7 +300,7 @@ def _create_engine(url: URL, shown: str, busy_timeout_ms: int) -> Engine:
     sqlite = url.get_backend_name() == "sqlite"
     try:
         # GuardedConnection: a connection to files that cannot be written is never closed (closing
-        # writes to them: a SIGBUS for an immutable index; see inspector.sqlite_file).
+        # writes to them: a SIGBUS for an immutable index; see inspector.storage.sqlite_file).
         engine = create_engine(url, connect_args={"factory": GuardedConnection} if sqlite else {})
     except exc.NoSuchModuleError:
         raise DatabaseError(

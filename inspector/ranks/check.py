@@ -4,7 +4,7 @@ replayed at every step.
 Ranks that disagree hang: a data-parallel rank that captured another set of sizes, or replays an
 8-token graph where the others replay 16 tokens, pairs up wrongly with them in its next collective.
 ``RankCheck`` finds that from what the ranks' recorders wrote (their ``graphs`` rows and step
-sequences, see ``inspector.steps``) and records each difference as a ``rank_divergence`` violation
+sequences, see ``inspector.ranks.steps``) and records each difference as a ``rank_divergence`` violation
 in the run of the rank that differs, so it is on the dashboard, in ``/metrics`` and in the report
 while the job runs, not after it hung.
 
@@ -31,12 +31,12 @@ from sqlalchemy import Connection, select
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import ViolationEvent, ViolationKind
 from capture_core.modes import CUDAGraphMode
-from inspector import models
-from inspector.batch import PendingViolation, violation_key
-from inspector.steps import EAGER, JOINED, StepSegment, Stretch, stretches
-from inspector.store import Store
-from inspector.text import column_limits, storable
-from inspector.writer import RunInfo, add_to_violation, insert_violations
+from inspector.ranks.steps import EAGER, JOINED, StepSegment, Stretch, stretches
+from inspector.recording.batch import PendingViolation, violation_key
+from inspector.storage import models
+from inspector.storage.store import Store
+from inspector.storage.text import column_limits, storable
+from inspector.storage.writer import RunInfo, add_to_violation, insert_violations
 
 log = logging.getLogger("graph_inspector.ranks")
 

@@ -23,10 +23,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, and_, func, select
 
-from inspector.losses import Sidecar, run_losses
-from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
-from inspector.store import Store
-from inspector.traffic import TrafficTotals, eager_totals, replay_totals, run_traffic
+from inspector.reading.traffic import TrafficTotals, eager_totals, replay_totals, run_traffic
+from inspector.recording.losses import Sidecar, run_losses
+from inspector.storage.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
+from inspector.storage.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``RunQueries`` holds what every part of the read side needs (the engine, the rollup, the losses'
 sidecar, the clock) and the run rows (``_run_rows``) that the jobs' view embeds too; the other parts
-of ``inspector.queries.Queries`` build on it.
+of ``inspector.reading.queries.Queries`` build on it.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from inspector import fields
-from inspector.baseline import run_figures
-from inspector.gate import compare
-from inspector.listing import Page, page_of
-from inspector.losses import Losses, Sidecar, run_losses
-from inspector.metrics import LIVE_AFTER_S
-from inspector.models import Graph, ReplayTotal, Run
-from inspector.rollup import Rollup
-from inspector.traffic import integer_sum, replay_totals, traffic_per_run
+from inspector.gating.baseline import run_figures
+from inspector.gating.gate import compare
+from inspector.reading import fields
+from inspector.reading.listing import Page, page_of
+from inspector.reading.metrics import LIVE_AFTER_S
+from inspector.reading.rollup import Rollup
+from inspector.reading.traffic import integer_sum, replay_totals, traffic_per_run
+from inspector.recording.losses import Losses, Sidecar, run_losses
+from inspector.storage.models import Graph, ReplayTotal, Run
 
 
 class RunQueries:

@@ -1,17 +1,17 @@
 """The read side of the database: every question the dashboard, its JSON API and the CLI ask.
 
-Answers are plain JSON-ready dictionaries (rows read as ``inspector.fields`` spells them), so that a
+Answers are plain JSON-ready dictionaries (rows read as ``inspector.reading.fields`` spells them), so that a
 page and its JSON twin are built from the same data. Times are UNIX epoch seconds, memory is bytes,
 ratios are 0..1 (None when there is nothing to divide). Traffic figures are ``TrafficTotals`` read
-from the running-totals tables (``inspector.traffic``, as the Prometheus collector and the CI report
+from the running-totals tables (``inspector.reading.traffic``, as the Prometheus collector and the CI report
 read them, so they agree); traffic over time, the batch-size histogram and the violation counts
-come from the in-memory ``Rollup`` (see ``inspector.rollup``); everything else is an indexed query
+come from the in-memory ``Rollup`` (see ``inspector.reading.rollup``); everything else is an indexed query
 over small result sets.
 
 ``Queries`` is one object that answers all of them, asked by part: the runs
-(``inspector.run_queries``), the graphs (``inspector.graph_queries``), the jobs
-(``inspector.job_queries``), and here the overview and the findings; listings come a ``Page`` at a
-time (``inspector.listing``).
+(``inspector.reading.run_queries``), the graphs (``inspector.reading.graph_queries``), the jobs
+(``inspector.reading.job_queries``), and here the overview and the findings; listings come a ``Page`` at a
+time (``inspector.reading.listing``).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 
 from sqlalchemy import case, func, select
 
-from inspector import fields
-from inspector.graph_queries import GraphQueries
-from inspector.job_queries import JobQueries
-from inspector.listing import VIOLATION_ORDER, Page, equal, page_of
-from inspector.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
-from inspector.traffic import eager_totals, integer_sum, replay_totals, run_traffic
+from inspector.reading import fields
+from inspector.reading.graph_queries import GraphQueries
+from inspector.reading.job_queries import JobQueries
+from inspector.reading.listing import VIOLATION_ORDER, Page, equal, page_of
+from inspector.reading.traffic import eager_totals, integer_sum, replay_totals, run_traffic
+from inspector.storage.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
 
 COMPILE_KINDS = ("compile_skip", "compile_rerecord")
 """What ``graph-inspector watch`` records of torch.compile's cudagraph trees (``compile_events``)."""

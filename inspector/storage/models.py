@@ -33,7 +33,7 @@ class Base(DeclarativeBase):
 
 
 class FoldableWindow:
-    """A row of a traffic table that retention may fold (``inspector.retention``)."""
+    """A row of a traffic table that retention may fold (``inspector.storage.retention``)."""
 
     windows: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     """How many flush windows the row holds: 1 as a recorder writes it, more once folded."""
@@ -73,7 +73,8 @@ class Run(Base):
     """Bumped on every flush: a run whose last_seen_at is recent and ended_at is null is live."""
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     dropped_events: Mapped[int] = mapped_column(BigInteger, default=0)
-    """Events the recorder could not keep: the sum of the four kinds below (``inspector.losses``)."""
+    """Events the recorder could not keep: the sum of the four kinds below
+    (``inspector.recording.losses``)."""
     dropped_captures: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     dropped_violations: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     """Occurrences, as ``violations.count`` counts them."""
@@ -83,7 +84,7 @@ class Run(Base):
     """The ``num_real_tokens`` of the dropped replays and eager batches."""
     job: Mapped[str | None] = mapped_column(String(200), nullable=True)
     """The distributed job the run is a rank of (torchrun's run id, SLURM's job id, or given); its
-    ranks are checked against each other (``inspector.ranks``). None: not part of a known job."""
+    ranks are checked against each other (``inspector.ranks.check``). None: not part of a known job."""
 
     graphs: Mapped[list[Graph]] = relationship(back_populates="run", cascade="all, delete-orphan")
 
@@ -292,7 +293,7 @@ class CompileRecord(Base):
 
 class WindowFold(Base):
     """One retention transaction: a run's traffic rows in ``[range_start, range_end)`` folded into
-    windows ``grain`` seconds wide, every count kept (``inspector.retention``).
+    windows ``grain`` seconds wide, every count kept (``inspector.storage.retention``).
 
     The daemon's rollup reads this table to know that rows it has summed were replaced: it skips
     folded rows when it had read past every row a fold removed, and rebuilds otherwise.

@@ -11,7 +11,7 @@ and adds those few sums to small dictionaries. A refresh that finds nothing new 
 ``max(id)`` look-ups. When rows disappear (a run was deleted, the database was replaced) everything
 is rebuilt.
 
-Retention (``inspector.retention``) replaces old rows by folded ones, which sum them: a folded row
+Retention (``inspector.storage.retention``) replaces old rows by folded ones, which sum them: a folded row
 (``windows`` > 1) adds nothing the rollup does not hold already, as long as it had read every row
 the fold removed. Each fold says the newest row of the slice it folded (``window_folds``); folds
 within what was read are taken as they are (their rows skipped), any other means a rebuild, which
@@ -28,10 +28,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, and_, cast, func, or_, select
+from sqlalchemy import ColumnElement, Connection, Engine, and_, func, or_, select
 
-from inspector.models import BatchSizeCount, EagerFallback, ReplayWindow, Run, Violation, WindowFold
-from inspector.traffic import TrafficTotals, integer_sum
+from inspector.reading.traffic import TrafficTotals, integer_sum
+from inspector.storage.models import BatchSizeCount, EagerFallback, ReplayWindow, Run, Violation, WindowFold
+from inspector.storage.retention import time_bucket
 
 
 @dataclass
@@ -334,11 +335,3 @@ class Rollup:
 def _scope(run_ids: Iterable[int] | None) -> tuple[int, ...] | None:
     return None if run_ids is None else tuple(sorted(run_ids))
 
-
-def time_bucket(conn: Connection, column: ColumnElement[float], grain: float) -> ColumnElement[int]:
-    """The time-bucket index of a row: floor(time / grain). SQLite's CAST truncates, which is the
-    floor for positive times (its floor() is an optional build); PostgreSQL's CAST rounds."""
-    scaled = column / grain
-    if conn.dialect.name != "sqlite":
-        scaled = func.floor(scaled)
-    return cast(scaled, BigInteger).label("bucket")

@@ -5,7 +5,7 @@ them, and in ``sys.argv``, for file names that are not UTF-8), messages, input a
 labels, configurations, the command line, the host name, torch.compile's reasons. A database takes
 none of these blindly: UTF-8 has no encoding for a lone surrogate (the driver raises, and the whole
 transaction fails with it), PostgreSQL refuses NUL in text, and a column has a length. The write
-module (``inspector.writer``) passes every string of every row through ``storable`` once, as the
+module (``inspector.storage.writer``) passes every string of every row through ``storable`` once, as the
 row is built, with the column's own length (``column_limits``):
 
 - a lone surrogate becomes a visible escape: ``\\xe9`` for a byte that Python's surrogateescape

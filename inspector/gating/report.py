@@ -3,7 +3,7 @@
 A CI system shows JUnit XML natively, so each violation becomes a failing test case (named after
 the graph and input, with the full message and addresses) and each clean run a passing one; the
 build fails on the exit code (0 clean, 1 violations or regressions). Against a baseline
-(``inspector.gate``) every comparison is a test case of its own, so a CI page lists exactly what
+(``inspector.gating.gate``) every comparison is a test case of its own, so a CI page lists exactly what
 regressed. The pytest plugin renders its findings with the same functions, so both paths read the
 same.
 """
@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import func, select
 
 from inspector.errors import UsageError
-from inspector.gate import REGRESSION, SKIPPED, Comparison, GateResult
-from inspector.losses import Losses, Sidecar, run_losses
-from inspector.models import CompileRecord, Graph, Run, Violation
-from inspector.store import Store
-from inspector.traffic import TrafficTotals, traffic_per_run
+from inspector.gating.gate import REGRESSION, SKIPPED, Comparison, GateResult
+from inspector.reading.traffic import TrafficTotals, traffic_per_run
+from inspector.recording.losses import Losses, Sidecar, run_losses
+from inspector.storage.models import CompileRecord, Graph, Run, Violation
+from inspector.storage.store import Store
 
 FORMATS = ("text", "json", "junit")
 SUITE = "graph-inspector"

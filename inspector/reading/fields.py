@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from inspector.models import CompileRecord, Graph, Run, Violation
+from inspector.storage.models import CompileRecord, Graph, Run, Violation
 
 
 def address_hex(address: int | None) -> str | None:

@@ -1,6 +1,6 @@
 """Listings a page at a time: the ``Page`` every listing answers with, and the helpers that cut one.
 
-Shared by the read side's listings (``inspector.run_queries``, ``graph_queries``, ``job_queries``,
+Shared by the read side's listings (``inspector.reading.run_queries``, ``graph_queries``, ``job_queries``,
 ``queries``): a filter of equalities, a count and one ``offset``/``limit`` query.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from inspector.models import Violation
+from inspector.storage.models import Violation
 
 VIOLATION_ORDER = (Violation.first_seen_at.desc(), Violation.id.desc())
 """Violations are listed newest first."""

@@ -1,6 +1,6 @@
 """A run's graph cache as figures, and the baseline file that keeps them beside the code.
 
-``Figures`` is what the regression gate (``inspector.gate``) compares: each captured graph (mode,
+``Figures`` is what the regression gate (``inspector.gating.gate``) compares: each captured graph (mode,
 descriptor key, captured size, captures, pool bytes, capture seconds, replays), the traffic as
 ``TrafficTotals`` (so hit ratio and padding waste come from the one formula) and the eager batches
 by reason. They are read from a recorded run (``run_figures``), gathered from observer events by
@@ -32,9 +32,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from inspector.errors import UsageError
-from inspector.models import EagerTotal, Graph, ReplayTotal, Run
-from inspector.store import Store, open_store
-from inspector.traffic import TrafficTotals, eager_totals, integer_sum, replay_totals, run_traffic
+from inspector.reading.traffic import TrafficTotals, eager_totals, integer_sum, replay_totals, run_traffic
+from inspector.storage.models import EagerTotal, Graph, ReplayTotal, Run
+from inspector.storage.store import Store, open_store
 
 FORMAT = "graph-inspector baseline"
 VERSION = 1

@@ -11,7 +11,7 @@ the test in which a violation happens, and write the findings as JUnit XML or JS
   JSON when PATH ends in ``.json``, JUnit XML otherwise.
 - ``--graph-baseline PATH`` is the regression gate for the session: the graphs the
   ``graph_observer`` fixtures saw (captures, pool memory, capture time, replays, eager batches,
-  summed over the tests) are compared with a baseline file (``inspector.gate``); a regression fails
+  summed over the tests) are compared with a baseline file (``inspector.gating.gate``); a regression fails
   the session, and each comparison is a case of the ``--graph-report``. ``--graph-save-baseline
   PATH`` writes the session's figures as that file; ``--graph-thresholds PATH`` sets thresholds.
 
@@ -54,7 +54,7 @@ class PluginState:
     figures: list[Any] = field(default_factory=list)
     """Each test's ``Figures`` (gathered only when a baseline is compared or saved)."""
     gate: Any = None
-    """The session against the baseline (an ``inspector.gate.GateResult``)."""
+    """The session against the baseline (an ``inspector.gating.gate.GateResult``)."""
     gate_error: str | None = None
     save_error: str | None = None
 
@@ -183,7 +183,7 @@ def graph_observer(request: pytest.FixtureRequest) -> TestObserver:
     """An observer for the graph runtime under test: a violation it sees fails this test."""
     figures = None
     if request.config.stash[STATE].gathers_figures:
-        from inspector.baseline import FiguresCollector
+        from inspector.gating.baseline import FiguresCollector
 
         figures = FiguresCollector()
     observer = TestObserver(figures)
@@ -192,7 +192,7 @@ def graph_observer(request: pytest.FixtureRequest) -> TestObserver:
 
 
 def _finding_from_event(event: Any, nodeid: str) -> Any:
-    from inspector.report import Finding
+    from inspector.gating.report import Finding
 
     return Finding(
         kind=event.kind.value,
@@ -217,7 +217,7 @@ def _finding_from_exception(excinfo: pytest.ExceptionInfo[BaseException] | None,
     checks = sys.modules.get("capture_core.checks")
     if excinfo is None or checks is None or not excinfo.errisinstance(checks.GraphCacheError):
         return None
-    from inspector.report import Finding
+    from inspector.gating.report import Finding
 
     kinds = {error.__name__: kind.value for kind, error in checks.ERRORS.items()}
     kinds["UnexpectedCaptureError"] = "unexpected_capture"
@@ -246,7 +246,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if events and report.passed:
         report.outcome = "failed"
         header = f"graph-inspector: {len(events)} violation(s) during {report.when} of this test"
-        from inspector.report import TEXT_STACK_FRAMES
+        from inspector.gating.report import TEXT_STACK_FRAMES
 
         details = (finding.details(stack_frames=TEXT_STACK_FRAMES) for finding in findings)
         report.longrepr = "\n\n".join([header, *details])
@@ -267,11 +267,11 @@ class SessionReporter:
         self.state.tests += 1
         for name, value in report.user_properties:
             if name == FINDING_PROPERTY:
-                from inspector.report import Finding
+                from inspector.gating.report import Finding
 
                 self.state.findings.append(Finding(**json.loads(value)))
             elif name == FIGURES_PROPERTY:
-                from inspector.baseline import figures_from_json
+                from inspector.gating.baseline import figures_from_json
 
                 self.state.figures.append(figures_from_json(json.loads(value)))
 
@@ -292,9 +292,9 @@ class SessionReporter:
     def _gate(self, session: pytest.Session) -> None:
         """The session's figures against the baseline, and saved as one; a regression (or a
         baseline that cannot be read) fails the session."""
-        from inspector.baseline import load_baseline, merge, save_baseline
         from inspector.errors import InspectorError
-        from inspector.gate import Thresholds, compare
+        from inspector.gating.baseline import load_baseline, merge, save_baseline
+        from inspector.gating.gate import Thresholds, compare
 
         state = self.state
         figures = merge(state.figures, {"what": f"the test session ({state.tests} tests)"})
@@ -332,7 +332,7 @@ class SessionReporter:
         if state.gate_error:
             terminalreporter.write_line(f"graph baseline: {state.gate_error}", red=True)
         if state.gate is not None:
-            from inspector.report import gate_lines, gate_verdict
+            from inspector.gating.report import gate_lines, gate_verdict
 
             for line in gate_lines(state.gate):
                 terminalreporter.write_line(line)
@@ -348,7 +348,7 @@ class SessionReporter:
 
 
 def _render(state: PluginState) -> str:
-    from inspector.report import SUITE, Case, Finding, finding_dict, gate_cases, render_junit_cases
+    from inspector.gating.report import SUITE, Case, Finding, finding_dict, gate_cases, render_junit_cases
 
     assert state.report_path is not None
     gate = state.gate

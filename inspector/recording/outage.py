@@ -14,7 +14,7 @@ import sqlite3
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
 
 from inspector.errors import DatabaseError
-from inspector.store import StoreCorrupt, StoreUnavailable, translate_error
+from inspector.storage.store import StoreCorrupt, StoreUnavailable, translate_error
 
 log = logging.getLogger("graph_inspector.recorder")
 

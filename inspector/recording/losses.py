@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, select
 
-from inspector.models import Run
+from inspector.storage.models import Run
 
 if TYPE_CHECKING:
-    from inspector.batch import TrafficWindow
-    from inspector.traffic import Reader
+    from inspector.recording.batch import TrafficWindow
+    from inspector.storage.store import Reader
 
 log = logging.getLogger("graph_inspector.recorder")
 
@@ -199,7 +199,7 @@ class Sidecar:
 
     @classmethod
     def of_engine(cls, engine: Engine) -> Sidecar:
-        from inspector.store import sqlite_file
+        from inspector.storage.store import sqlite_file
 
         return cls(sqlite_file(engine.url))
 
