@@ -63,6 +63,10 @@ class UnexpectedCapturePolicy(str, enum.Enum):
     RAISE = "raise"
     EAGER = "eager"
     """Serve the batch eagerly: slower, but no stall and no crash."""
+    ENGINE = "engine"
+    """Leave the capture attempt to the engine that owns the graphs (an engine attached through its
+    own extension points, such as vLLM, which raises unless its own capture phase is open): it is
+    reported here and then goes ahead exactly as it would without graph-inspector."""
     CAPTURE = "capture"
     """Capture anyway (the stall happens), recorded with ``CaptureEvent.unexpected=True``.
 
@@ -194,6 +198,9 @@ class GraphRuntime:
             UnexpectedCapturePolicy.RAISE: "raised an error",
             UnexpectedCapturePolicy.EAGER: "served the batch eagerly",
             UnexpectedCapturePolicy.CAPTURE: "captured it anyway, stalling this step",
+            UnexpectedCapturePolicy.ENGINE: (
+                "left it to the engine, which captures or refuses by its own rules"
+            ),
         }[policy]
         message = (
             f"unexpected capture: wrapper {wrapper!r} has no graph for {descriptor.key} ({mode.label}) "

@@ -18,6 +18,12 @@ class EagerReason(str, enum.Enum):
     UNEXPECTED_CAPTURE = "unexpected_capture"
     UBATCH_GRAPH_ONLY = "ubatch_graph_only"
     """This size is captured only as a micro-batched graph and this step was not micro-batched."""
+    NO_MATCHING_GRAPH = "no_matching_graph"
+    """A graph of this size exists, but none for the rest of the batch's key (its request count,
+    its LoRA count): an engine's dispatcher found no captured key for it."""
+    ENGINE_FORCED = "engine_forced"
+    """The engine chose to run this batch eagerly by a rule of its own (vLLM: cascade attention,
+    encoder inputs in the step, a forced-eager step)."""
 
 
 def power_of_two_sizes(max_size: int) -> list[int]:

@@ -317,14 +317,22 @@ class CUDAGraphWrapper:
                 return self.source.run_eagerly(call)
             unexpected = decision is CaptureDecision.CAPTURE_UNEXPECTED
             entry, outputs = self.source.capture(self, call, unexpected)
-            entry.checks = self._checks_for(entry.layout)
-            entry.guard = entry.checks.clean
-            self._graphs[entry.descriptor] = entry
-            self._by_identity[id(entry.descriptor)] = entry
-            if self.reports:
-                event = entry.capture_event(self.name, runtime.backend_name, runtime.warmup_iters)
-                runtime.report_capture(event)
+            self.adopt(entry)
             return outputs
+
+    def adopt(self, entry: GraphEntry) -> GraphEntry:
+        """Hold ``entry`` from now on: build what its replays are checked against, keep it under its
+        descriptor and tell the observer of its capture. Every capture goes through here; an
+        engine that captures its graphs itself (vLLM's ``CudaGraphManager``) hands them over here
+        so that their replays are checked and recorded like any other."""
+        entry.checks = self._checks_for(entry.layout)
+        entry.guard = entry.checks.clean
+        self._graphs[entry.descriptor] = entry
+        self._by_identity[id(entry.descriptor)] = entry
+        if self.reports:
+            runtime = self.runtime
+            runtime.report_capture(entry.capture_event(self.name, runtime.backend_name, runtime.warmup_iters))
+        return entry
 
     def _checks_for(self, layout: InputLayout) -> ReplayChecks:
         """What a new graph's replays are checked against, from the inputs its capture recorded."""

@@ -1,0 +1,219 @@
+"""graph-inspector on the real vLLM 0.25.1 (the GPU machine): many vLLM processes started at once,
+built one group after another, then served one at a time, each alone on the GPU.
+
+vLLM takes a minute or more to start (imports, torch.compile, profiling, capture) and the device
+time is short, so every process of the plan starts at once and waits; what is compared (tokens/s
+with the integration on against off, interleaved: off, on, off, on, ...) is served one process at
+a time while the others sleep. Building is gated in groups: the V1 runner's first process profiles
+GPU memory (capturing the graphs vLLM throws away), which vLLM refuses to do while another process
+frees GPU memory, so it is built alone; the rest name their KV-cache size (``kv_cache_memory_bytes``,
+which skips that profiling) and are built together.
+
+The ``full`` plan, in serving order: V2 off/on x3 (tokens/s, tokens identical, start-up), then
+``graph-inspector advise`` on the first ``on`` run's database and a new V2 process built on the
+advised sizes (while the rest serve): the V1 runner with vLLM's own ``--cudagraph-metrics``
+(``CUDAGraphStat`` against what was recorded), each runner with the planted faults, the engine core
+in its own process, and last the advised run (the padding the advice predicted, seen).
+
+Each process is ``bench/vllm_serve.py``. A deadline bounds the whole (a process that overruns its
+serve is killed and the plan goes on); the summary JSON and one archive of every result, log and
+database are written under ``--out`` whatever happens, and a table is printed last.
+
+usage: python3 bench/gpu_vllm.py --plan full --out $OUT [--steps N] [vllm_serve.py options...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SERVE = HERE / "vllm_serve.py"
+KV = ["--kv-cache-gib", "2"]
+
+
+def plan(name: str, steps: int) -> list[dict[str, Any]]:
+    """The processes of a plan: tag, build group, serving position, database or not, options."""
+    shared = ["--steps", str(steps)]
+    compare = [{"tag": f"v2-{'on' if i % 2 else 'off'}-{i // 2 + 1}", "group": 1, "serve": i,
+                "db": bool(i % 2), "args": [*shared, "--runner", "v2", *KV]} for i in range(6)]
+    if name == "compare":
+        return compare
+    return [
+        {"tag": "v1-on", "group": 0, "serve": 10, "db": True,
+         "args": [*shared, "--runner", "v1", "--cudagraph-metrics"]},
+        *compare,
+        {"tag": "v1-faults", "group": 1, "serve": 11, "db": True,
+         "args": [*shared, "--runner", "v1", "--faults", *KV]},
+        {"tag": "v2-faults", "group": 1, "serve": 12, "db": True,
+         "args": [*shared, "--runner", "v2", "--faults", *KV]},
+        {"tag": "v2-multiproc", "group": 1, "serve": 13, "db": True,
+         "args": ["--steps", str(max(steps // 3, 300)), "--runner", "v2", "--multiproc", *KV]},
+    ]
+
+
+class Plan:
+    def __init__(self, work: Path, extra: list[str], deadline: float) -> None:
+        self.work, self.extra, self.deadline = work, extra, deadline
+        self.procs: dict[str, dict[str, Any]] = {}
+        self.started = time.monotonic()
+
+    def say(self, text: str) -> None:
+        print(f"[gpu_vllm +{time.monotonic() - self.started:.0f}s] {text}", flush=True)
+
+    def start(self, spec: dict[str, Any], gate: Path) -> None:
+        tag, work = spec["tag"], self.work
+        files = {name: work / f"{tag}.{name}" for name in ("ready", "go", "done")}
+        db = f"sqlite:///{work / (tag + '.db')}" if spec["db"] else ""
+        command = [sys.executable, str(SERVE), "--tag", tag, "--out", str(work / f"{tag}.json"), "--db", db,
+                   "--init-gate", str(gate), "--ready-file", str(files["ready"]),
+                   "--go-file", str(files["go"]), "--done-file", str(files["done"]),
+                   *spec["args"], *self.extra]
+        env = dict(os.environ, VLLM_CACHE_ROOT=str(work / f"cache-{tag}"), PYTHONUNBUFFERED="1")
+        log = open(work / f"{tag}.log", "w")  # noqa: SIM115 (closed in finish)
+        self.procs[tag] = {"spec": spec, "files": files, "log": log,
+                           "proc": subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)}
+
+    def wait(self, tags: list[str], file: str, timeout_s: float) -> list[str]:
+        """Wait until each process wrote ``file`` (or died); the tags that did not in time."""
+        until = min(time.monotonic() + timeout_s, self.deadline)
+        while True:
+            late = [t for t in tags if not self.procs[t]["files"][file].exists()
+                    and self.procs[t]["proc"].poll() is None]
+            if not late or time.monotonic() > until:
+                return late
+            time.sleep(0.1)
+
+    def serve(self, tag: str, timeout_s: float) -> None:
+        self.procs[tag]["files"]["go"].write_text("go")
+        late = self.wait([tag], "done", timeout_s)
+        if late:
+            self.procs[tag]["proc"].kill()
+            self.say(f"{tag} overran its serve and was killed")
+        else:
+            self.say(f"{tag} served")
+
+    def finish(self) -> list[dict[str, Any]]:
+        results = []
+        for tag, p in self.procs.items():
+            try:
+                p["proc"].wait(timeout=max(5.0, min(60.0, self.deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                p["proc"].kill()
+            p["log"].close()
+            path = self.work / f"{tag}.json"
+            found = json.loads(path.read_text()) if path.exists() else {"tag": tag, "traceback": "no result"}
+            results.append(found)
+        return results
+
+
+def advised_sizes(db: Path, out: Path) -> list[int]:
+    """``graph-inspector advise`` on a recorded run: the sizes it advises (its JSON kept)."""
+    done = subprocess.run([sys.executable, "-m", "dashboard.cli", "advise", "--db", f"sqlite:///{db}",
+                           "--format", "json"], capture_output=True, text=True, timeout=120)
+    (out / "advice.json").write_text(done.stdout or done.stderr)
+    return list(json.loads(done.stdout)["advised"]["capture_sizes"])
+
+
+def run(name: str, steps: int, work: Path, out: Path, extra: list[str], deadline_s: float) -> dict[str, Any]:
+    work.mkdir(parents=True, exist_ok=True)
+    runner = Plan(work, extra, time.monotonic() + deadline_s)
+    specs = plan(name, steps)
+    gates = {g: work / f"build-{g}" for g in sorted({s["group"] for s in specs})}
+    summary: dict[str, Any] = {"plan": name, "steps": steps}
+    try:
+        for spec in specs:
+            runner.start(spec, gates[spec["group"]])
+        for group, gate in gates.items():
+            gate.write_text("go")
+            late = runner.wait([s["tag"] for s in specs if s["group"] == group], "ready", 400)
+            runner.say(f"group {group} built" + (f" (late: {late})" if late else ""))
+        order = sorted(specs, key=lambda s: s["serve"])
+        for spec in order:
+            if name == "full" and spec["serve"] == 10:  # the V2 runs are served: advise, build on it
+                try:
+                    sizes = advised_sizes(work / "v2-on-1.db", out)
+                    summary["advised_sizes"] = sizes
+                    gate = work / "build-advised"
+                    gate.write_text("go")
+                    runner.start({"tag": "v2-advised", "group": 2, "serve": 14, "db": True,
+                                  "args": ["--steps", str(steps), "--runner", "v2", "--sizes",
+                                           ",".join(map(str, sizes)), *KV]}, gate)
+                    runner.say(f"advised {sizes}: building v2-advised")
+                except Exception as exc:  # the rest of the plan still runs
+                    summary["advice_error"] = repr(exc)
+            runner.serve(spec["tag"], 150)
+        if "v2-advised" in runner.procs:
+            runner.wait(["v2-advised"], "ready", 300)
+            runner.serve("v2-advised", 150)
+    except Exception as exc:
+        summary["error"] = repr(exc)
+        runner.say(f"plan stopped: {exc!r}")
+    finally:
+        results = runner.finish()
+        summary.update(compare(results))
+        summary["processes"] = results
+        (out / f"vllm_{name}.json").write_text(json.dumps(summary, indent=1, default=str))
+        with tarfile.open(out / f"vllm_{name}.tar.gz", "w:gz") as archive:
+            for path in sorted(work.iterdir()):
+                if path.suffix in (".db", ".log", ".json") or path.name.endswith((".db-wal", ".db-shm")):
+                    archive.add(path, arcname=path.name)
+    return summary
+
+
+def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """tokens/s and start-up of the V2 off/on pairs (medians, ratio on/off), and their tokens."""
+    pairs = [r for r in results
+             if str(r.get("tag", "")).startswith(("v2-on-", "v2-off-")) and r.get("tok_per_s")]
+    on = [r for r in pairs if r.get("integration")]
+    off = [r for r in pairs if not r.get("integration")]
+    if not (on and off):
+        return {}
+    speed_on, speed_off = [r["tok_per_s"] for r in on], [r["tok_per_s"] for r in off]
+    init_on, init_off = [r["init_s"] for r in on], [r["init_s"] for r in off]
+    return {
+        "tok_per_s": {"on": speed_on, "off": speed_off, "ratio_of_medians":
+                      statistics.median(speed_on) / statistics.median(speed_off)},
+        "init_s": {"on": init_on, "off": init_off, "ratio_of_medians":
+                   statistics.median(init_on) / statistics.median(init_off)},
+        "tokens_identical": len({r.get("tokens_sha256") for r in pairs}) == 1,
+    }
+
+
+def stopped(result: dict[str, Any]) -> str:
+    error = (result.get("stopped_by") or {}).get("error", "")[:60]
+    return error or ("FAILED" if "traceback" in result else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plan", choices=("full", "compare"), default="full")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole plan's bound")
+    parser.add_argument("--out", required=True, help="folder for the summary and the archive")
+    parser.add_argument("--work", default="/tmp/gpu_vllm", help="scratch folder (databases, logs)")
+    args, extra = parser.parse_known_args()  # the rest goes to every vllm_serve.py process
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = run(args.plan, args.steps, Path(args.work), out, extra, args.deadline_s)
+    print("\n| process | runner | on | init s | steps | tok/s | violations | stopped by |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in summary["processes"]:
+        print(f"| {r.get('tag')} | {r.get('runner')} | {r.get('integration')} | {r.get('init_s')} | "
+              f"{r.get('steps')} | {r.get('tok_per_s')} | {len(r.get('violations') or [])} | {stopped(r)} |")
+    for key in ("tok_per_s", "init_s", "tokens_identical", "advised_sizes", "advice_error", "error"):
+        if key in summary:
+            print(key, summary[key])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""One real vLLM 0.25.1 process serving the bundled Azure conversation trace, with graph-inspector's
+vLLM integration on or off (the GPU machine; `bench/gpu_vllm.py` starts several and compares them).
+
+The trace is replayed through vLLM's own scheduler (continuous batching, chunked prefill, prefix
+caching) on a small random-weight Llama, as token-id requests:
+
+- arrivals: the trace's arrival times on a virtual clock of engine steps (``--requests-per-step``
+  at the trace's own rate, ramping up from a tenth of it over the first ``--ramp-steps`` steps and
+  down to a twentieth over the last, so the batch grows from one request through every capture
+  size and shrinks again; an idle engine skips to the next arrival). Requests are added between
+  ``LLMEngine.step()`` calls by step number, never by wall time, so the batches (and the greedy
+  tokens) are the same in every run of the same options;
+- prompts: the trace's ``ContextTokens`` divided by ``--prompt-scale`` (a small model's context),
+  a shared 32-token system prompt (the prefix vLLM's prefix cache keeps) then tokens of the request's
+  own; outputs: ``GeneratedTokens`` divided by ``--output-scale``, greedy, ``ignore_eos``.
+
+With ``--faults`` (in-process engine only) the run plants, between steps, the faults the issue names
+(a weight reassigned as an RL weight sync might, by ``.data`` and by a new ``nn.Parameter``; a
+per-step input buffer replaced instead of written; a descriptor vLLM never captured reaching its
+wrappers) and records at which step each violation reached the recorder. ``--cudagraph-metrics``
+turns on vLLM's own ``CUDAGraphStat`` and counts them (V1 runner; vLLM 0.25.1's V2 runner makes
+none) to compare with what graph-inspector recorded.
+
+usage (the GPU machine, vLLM's bundle on PYTHONPATH, see ../shared/vllm/README.md):
+    python3 bench/vllm_serve.py --tag on --db sqlite:////tmp/on.db --out /tmp/on.json
+    python3 bench/vllm_serve.py --tag off --out /tmp/off.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+SYSTEM_PROMPT = [(17 * j) % 30000 + 200 for j in range(32)]
+"""The shared system prompt every request starts with (what prefix caching keeps)."""
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4,
+    "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 64,
+    "vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 2, "dtype": "bfloat16", "torch_dtype": "bfloat16",
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tag", required=True, help="name of this process's result")
+    p.add_argument("--db", default="", help="database URL: the integration is on (GRAPH_INSPECTOR_VLLM); "
+                   "empty: off")
+    p.add_argument("--runner", choices=("v1", "v2"), default="v2", help="vLLM's model runner (default V2)")
+    p.add_argument("--multiproc", action="store_true", help="the engine core in its own process (vllm serve)")
+    p.add_argument("--steps", type=int, default=3000, help="engine steps of arrivals (then drain)")
+    p.add_argument("--requests-per-step", type=float, default=0.8, help="arrivals per step at full speed")
+    p.add_argument("--ramp-steps", type=int, default=300)
+    p.add_argument("--prompt-scale", type=float, default=8.0)
+    p.add_argument("--output-scale", type=float, default=4.0)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=256)
+    p.add_argument("--sizes", default="", help="cudagraph_capture_sizes, comma separated (default vLLM's)")
+    p.add_argument("--kv-cache-gib", type=float, default=0.0,
+                   help="kv_cache_memory_bytes (skips vLLM's memory profiling; 0: gpu_memory_utilization)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.08)
+    p.add_argument("--cudagraph-metrics", action="store_true")
+    p.add_argument("--faults", action="store_true", help="plant the faults (in-process engine only)")
+    p.add_argument("--init-gate", default="", help="wait for this file before building the engine")
+    p.add_argument("--ready-file", default="", help="touch this file once the engine is built")
+    p.add_argument("--go-file", default="", help="wait for this file before serving")
+    p.add_argument("--done-file", default="", help="touch this file when serving is done")
+    p.add_argument("--out", required=True, help="result JSON")
+    return p.parse_args(argv)
+
+
+def wait_for(path: str, timeout_s: float = 900.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while path and not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.05)
+
+
+def touch(path: str) -> None:
+    if path:
+        Path(path).write_text(str(time.time()))
+
+
+def trace_requests(args: argparse.Namespace) -> list[tuple[int, list[int], int]]:
+    """(arrival step, prompt token ids, output tokens) of every request arriving within the steps."""
+    from capture_core.reference.trace import load_trace
+
+    trace = load_trace()
+    rate = len(trace) / trace.period_s  # requests per trace second
+    per_step_s = args.requests_per_step / rate  # trace seconds per step at full speed
+    requests, clock, step, index = [], 0.0, 0, 0
+    while step < args.steps and index < len(trace):
+        rising = 0.1 + 0.9 * step / max(args.ramp_steps, 1)
+        falling = 0.05 + 0.95 * (args.steps - step) / max(args.ramp_steps, 1)
+        speed = min(1.0, rising, falling)
+        clock += per_step_s * speed
+        while index < len(trace) and trace.requests[index].arrival_s <= clock:
+            r = trace.requests[index]
+            prompt_len = max(1, min(round(r.context_tokens / args.prompt_scale), args.max_model_len // 2))
+            output = max(1, min(round(r.generated_tokens / args.output_scale), args.max_model_len // 4))
+            own_len = max(prompt_len - len(SYSTEM_PROMPT), 0)
+            own = [(7919 * index + 104729 * j) % 30000 + 1000 for j in range(own_len)]
+            requests.append((step, SYSTEM_PROMPT[:prompt_len] + own, output))
+            index += 1
+        step += 1
+    return requests
+
+
+def engine_kwargs(args: argparse.Namespace, model_dir: str) -> dict[str, Any]:
+    compilation: dict[str, Any] = {}
+    if args.sizes:
+        compilation["cudagraph_capture_sizes"] = [int(s) for s in args.sizes.split(",")]
+    kwargs: dict[str, Any] = dict(
+        model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+        enforce_eager=False, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=True,
+        compilation_config=compilation, attention_config={"backend": "TRITON_ATTN"}, seed=0,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    if args.kv_cache_gib:
+        kwargs["kv_cache_memory_bytes"] = int(args.kv_cache_gib * (1 << 30))
+    if args.cudagraph_metrics:
+        kwargs["cudagraph_metrics"] = True
+    return kwargs
+
+
+class Faults:
+    """Plants each fault between steps, in order, and notes the step each one was planted at."""
+
+    def __init__(self, runner: Any, runner_kind: str) -> None:
+        self.runner, self.kind = runner, runner_kind
+        self.planted: list[dict[str, Any]] = []
+        self._undo: Any = None
+
+    def model(self) -> Any:
+        model = self.runner.model
+        return getattr(model, "runnable", model)
+
+    def plant(self, name: str, step: int) -> None:
+        import torch
+
+        self.planted.append({"fault": name, "step": step})
+        model = self.model()
+        if name == "weight_data_swap":  # param.data = new storage (the values kept)
+            param = model.model.layers[1].mlp.down_proj.weight
+            old = param.data
+            param.data = old.clone()
+            self._undo = lambda: setattr(param, "data", old)
+        elif name == "weight_parameter_reassigned":  # module.weight = nn.Parameter(new)
+            layer = model.model.layers[2].mlp.down_proj
+            old = layer.weight
+            layer.weight = torch.nn.Parameter(old.detach().clone(), requires_grad=False)
+            self._undo = lambda: setattr(layer, "weight", old)
+        elif name == "input_buffer_replaced":  # a per-step buffer replaced instead of written
+            if self.kind == "v2":
+                buffers = self.runner.input_buffers
+                old = buffers.positions
+                buffers.positions = torch.zeros_like(old)
+                self._undo = lambda: setattr(buffers, "positions", old)
+            else:
+                runner = self.runner
+                old = runner.positions
+                runner.positions = torch.zeros_like(old)
+                self._undo = lambda: setattr(runner, "positions", old)
+        elif name == "uncaptured_descriptor":
+            self._undo = self._dispatch_uncaptured()
+        else:
+            raise ValueError(name)
+
+    def undo(self) -> None:
+        if self._undo is not None:
+            undo, self._undo = self._undo, None
+            undo()
+
+    def _dispatch_uncaptured(self) -> Any:
+        """The next step of a token count that is no capture size is dispatched to PIECEWISE at its
+        own, unpadded size: a descriptor vLLM never captured reaches its piece wrappers."""
+        sizes = set(self.runner.vllm_config.compilation_config.cudagraph_capture_sizes)
+        if self.kind == "v2":
+            from vllm.config.compilation import CUDAGraphMode
+            from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+            manager = self.runner.cudagraph_manager
+            original = manager.dispatch
+
+            def dispatch(num_reqs: int, num_tokens: int, *a: Any, **k: Any) -> Any:
+                if num_tokens not in sizes:
+                    return BatchExecutionDescriptor(cg_mode=CUDAGraphMode.PIECEWISE, num_tokens=num_tokens,
+                                                    num_reqs=None)
+                return original(num_reqs, num_tokens, *a, **k)
+
+            manager.dispatch = dispatch
+            return lambda: manager.__dict__.pop("dispatch", None)
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.forward_context import BatchDescriptor
+
+        dispatcher = self.runner.cudagraph_dispatcher
+        original = dispatcher.dispatch
+
+        def dispatch(num_tokens: int, *a: Any, **k: Any) -> Any:
+            if num_tokens not in sizes:
+                return CUDAGraphMode.PIECEWISE, BatchDescriptor(num_tokens=num_tokens)
+            return original(num_tokens, *a, **k)
+
+        dispatcher.dispatch = dispatch
+        return lambda: dispatcher.__dict__.pop("dispatch", None)
+
+
+FAULT_ORDER = ("weight_data_swap", "weight_parameter_reassigned", "input_buffer_replaced",
+               "uncaptured_descriptor")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result: dict[str, Any] = {"tag": args.tag, "argv": sys.argv, "integration": bool(args.db),
+                              "runner": args.runner, "multiproc": args.multiproc}
+    out = Path(args.out)
+
+    def dump() -> None:
+        out.write_text(json.dumps(result, indent=1, default=str))
+
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if args.runner == "v2" else "0"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if args.multiproc else "0"
+    for key, value in (("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"), ("HF_HUB_OFFLINE", "1"),
+                       ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
+                       ("VLLM_HOST_IP", "127.0.0.1"), ("VLLM_USE_FLASHINFER_SAMPLER", "0")):
+        os.environ.setdefault(key, value)
+    if args.db:
+        os.environ["GRAPH_INSPECTOR_VLLM"] = args.db
+    else:
+        os.environ.pop("GRAPH_INSPECTOR_VLLM", None)
+    try:
+        t0 = time.perf_counter()
+        import torch
+        import vllm
+        from vllm import SamplingParams
+
+        result["vllm"] = vllm.__version__
+        result["torch"] = torch.__version__
+        result["import_s"] = round(time.perf_counter() - t0, 2)
+        model_dir = tempfile.mkdtemp(prefix="tinyllama_")
+        Path(model_dir, "config.json").write_text(json.dumps(TINY_LLAMA))
+        requests = trace_requests(args)
+        result["requests"] = len(requests)
+        wait_for(args.init_gate)
+        stats: collections.Counter = collections.Counter()
+        if args.cudagraph_metrics:
+            from vllm.v1.core.sched.scheduler import Scheduler
+
+            update = Scheduler.update_from_output
+
+            def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+                stat = getattr(model_runner_output, "cudagraph_stats", None)
+                if stat is not None:
+                    stats[(stat.num_unpadded_tokens, stat.num_padded_tokens, stat.runtime_mode)] += 1
+                return update(self, scheduler_output, model_runner_output)
+
+            Scheduler.update_from_output = update_from_output
+        t1 = time.perf_counter()
+        llm = vllm.LLM(**engine_kwargs(args, model_dir))
+        result["init_s"] = round(time.perf_counter() - t1, 2)
+        config = llm.llm_engine.vllm_config
+        result["config"] = {
+            "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
+            "cudagraph_capture_sizes": config.compilation_config.cudagraph_capture_sizes,
+            "max_cudagraph_capture_size": config.compilation_config.max_cudagraph_capture_size,
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "v2_model_runner": bool(getattr(config, "use_v2_model_runner", False)),
+        }
+        runner = None
+        if not args.multiproc:
+            core = llm.llm_engine.engine_core.engine_core
+            runner = core.model_executor.driver_worker.worker.model_runner
+            result["model_runner"] = type(runner).__module__ + "." + type(runner).__name__
+        touch(args.ready_file)
+        wait_for(args.go_file)
+        violations: list[dict[str, Any]] = []
+        session = None
+        if args.db and runner is not None:
+            from inspector.engines.vllm import hooks
+
+            session = hooks.session()
+            if session is not None:
+                told = session.violation
+
+                def violation(event: Any) -> None:
+                    violations.append({"step": state["step"], "kind": event.kind.value,
+                                       "input": event.input_name, "wrapper": event.wrapper,
+                                       "descriptor": event.descriptor.key})
+                    told(event)
+
+                session.violation = violation
+        faults = Faults(runner, args.runner) if args.faults and runner is not None else None
+        fault_steps = {args.steps // 3 + 40 * i: name for i, name in enumerate(FAULT_ORDER)} if faults else {}
+        engine = llm.llm_engine
+        params = {n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+                  for n in {o for _, _, o in requests}}
+        tokens: dict[str, list[int]] = {}
+        state = {"step": 0}
+        pending = collections.deque(requests)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        step = added = 0
+        error = None
+        try:
+            while pending or engine.has_unfinished_requests():
+                if pending and not engine.has_unfinished_requests():
+                    step = max(step, pending[0][0])  # idle until the next arrival: no step to run
+                while pending and pending[0][0] <= step:
+                    _, prompt, output = pending.popleft()
+                    engine.add_request(f"r{added}", {"prompt_token_ids": prompt}, params[output])
+                    added += 1
+                if faults is not None:
+                    if step in fault_steps:
+                        faults.plant(fault_steps[step], step)
+                    elif step - 1 in fault_steps:
+                        faults.undo()
+                state["step"] = step
+                for output in engine.step():
+                    if output.finished:
+                        tokens[output.request_id] = list(output.outputs[0].token_ids)
+                step += 1
+        except Exception as exc:  # the uncaptured descriptor makes vLLM refuse the capture: expected
+            error = f"{type(exc).__name__}: {exc}"
+            result["stopped_by"] = {"step": step, "error": error[:2000]}
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        generated = sum(len(t) for t in tokens.values())
+        result.update({
+            "steps": step, "serve_s": round(seconds, 3), "output_tokens": generated,
+            "tok_per_s": round(generated / seconds, 1) if seconds else None,
+            "finished_requests": len(tokens),
+            "tokens_sha256": hashlib.sha256(json.dumps(sorted(tokens.items())).encode()).hexdigest(),
+            "cudagraph_stats": sorted([[*k, v] for k, v in stats.items()]),
+            "violations": violations,
+            "faults": faults.planted if faults else [],
+        })
+        if session is not None:
+            session.close()
+            result["recorder"] = {"url": session.recorder.url, "dropped": session.recorder.dropped}
+        if args.multiproc:  # the engine core's process closes its recorder when vLLM shuts its worker down
+            engine.engine_core.shutdown()
+        touch(args.done_file)
+        dump()
+        print(f"[vllm_serve {args.tag}] OK steps={step} tok/s={result['tok_per_s']} init={result['init_s']}s "
+              f"violations={len(violations)} stopped_by={error}", flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # the in-process engine keeps threads alive at exit
+    except BaseException:
+        result["traceback"] = traceback.format_exc()
+        touch(args.ready_file)
+        touch(args.done_file)
+        dump()
+        print(f"[vllm_serve {args.tag}] FAILED\n{result['traceback']}", flush=True)
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()

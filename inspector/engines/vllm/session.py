@@ -1,0 +1,327 @@
+"""One vLLM worker process's recording: its recorder, the runtime its graphs' twins share, its steps.
+
+The process that builds a model runner records (vLLM loads its plugins in every process it starts;
+only a worker holds graphs). What is recorded comes from vLLM's own decisions:
+
+- each step, once, from the runner's dispatch (V1: ``_determine_batch_execution_and_padding``, the
+  call that also builds vLLM's ``CUDAGraphStat``; V2: ``dispatch_cg_and_sync_dp``): a replay of the
+  padded descriptor with the step's unpadded token count, or an eager step with its reason, exactly
+  the figures vLLM's ``--cudagraph-metrics`` table counts (padding waste and hit ratio follow);
+- each graph vLLM captures, keyed by its own descriptor: FULL graphs one by one, a PIECEWISE
+  descriptor's pieces (one graph per piece, captured in order within one forward) gathered into one
+  graph of N segments, with the time each capture took and the bytes it added to the graph pool;
+  the graphs the V1 runner captures only to measure their memory and throws away are marked so;
+- any capture after ``capture_model`` returned, as an unexpected capture (then vLLM does what it
+  does: it refuses);
+- the configuration (capture sizes, mode, limits) on the run.
+
+Dummy runs (profiling, warm-up, capture) are not steps and are not counted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from capture_core.backends import CapturedGraph, GraphBackend
+from capture_core.checks import GraphCacheError, ParameterNames
+from capture_core.descriptor import BatchDescriptor
+from capture_core.events import CaptureEvent, NullObserver, ViolationEvent
+from capture_core.forward_context import ForwardContext
+from capture_core.modes import CUDAGraphMode
+from capture_core.runtime import GraphRuntime
+from capture_core.wrapper import CUDAGraphWrapper
+from inspector.engines.vllm.mapping import (
+    config_of,
+    descriptor_of,
+    descriptor_of_execution,
+    eager_reason,
+    mode_of,
+)
+from inspector.engines.vllm.twins import ManagerSource, VllmCall, WrapperSource, manager_entry
+from inspector.engines.vllm.version import vllm_version
+
+log = logging.getLogger("graph_inspector.vllm")
+
+PROFILING_NOTE = "memory profiling, discarded"
+"""How the wrapper name of a graph vLLM captured only to measure memory says so."""
+
+
+class EngineBackend(GraphBackend):
+    """The backend of graphs the engine captures itself: real CUDA graphs, never captured here."""
+
+    name = "cuda"
+
+    def record(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Any, started: float
+    ) -> CapturedGraph:
+        raise GraphCacheError("vLLM captures its own graphs; graph-inspector only records and checks them")
+
+
+class _TwinObserver(NullObserver):
+    """What the twins tell: captures (gathered by the session) and violations; never replays, which
+    the session counts once per step from vLLM's dispatch."""
+
+    def __init__(self, session: VllmSession) -> None:
+        self.session = session
+
+    def on_capture(self, event: CaptureEvent) -> None:
+        self.session.graph_captured(event)
+
+    def on_violation(self, event: ViolationEvent) -> None:
+        self.session.violation(event)
+
+
+class VllmSession:
+    """The recording of one vLLM worker process (created by ``hooks.install``)."""
+
+    def __init__(self, url: str, vllm_call: VllmCall, run_fullgraph: VllmCall | None) -> None:
+        self.url = url
+        self.vllm_call = vllm_call
+        self.run_fullgraph = run_fullgraph
+        self.recorder: Any = None
+        self.runtime: GraphRuntime | None = None
+        self.runner: Any = None
+        self.runner_kind = ""
+        self.configured = CUDAGraphMode.NONE
+        self.max_capture_size: int | None = None
+        self.dummy_depth = 0
+        """Inside a dummy run (profiling, warm-up, capture): its dispatches are not steps."""
+        self.profiling = False
+        """Inside the V1 runner's CUDA-graph memory profiling: its graphs are thrown away."""
+        self.step_tokens = 0
+        """The current step's unpadded token count (for the forward context the twins read)."""
+        self._lock = threading.Lock()
+        self._phase: Any = None
+        self._pieces: dict[tuple[CUDAGraphMode, BatchDescriptor], list[tuple[int, CaptureEvent]]] = {}
+        self._piece_of: dict[str, tuple[int, int]] = {}
+        self._descriptors: dict[Any, BatchDescriptor] = {}
+        """vLLM's descriptor (either kind) -> graph-inspector's."""
+        self._canonical: dict[BatchDescriptor, BatchDescriptor] = {}
+        """One object per key: the twins find their graph by the descriptor's identity first."""
+        self._context_key: Any = None
+        self._context: ForwardContext | None = None
+        self._parameter_names: dict[int, str] = {}
+        self.full_twin: CUDAGraphWrapper | None = None
+        self._executions: dict[BatchDescriptor, Any] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ start and stop
+
+    def attach(self, runner: Any, kind: str) -> None:
+        """Start recording for the first model runner this process builds."""
+        with self._lock:
+            if self.recorder is not None:
+                return
+            from inspector import Recorder
+
+            config = runner.vllm_config
+            compilation = config.compilation_config
+            version = vllm_version() or "unknown"
+            parallel = config.parallel_config
+            self.runner, self.runner_kind = runner, kind
+            self.configured = mode_of(compilation.cudagraph_mode)
+            self.max_capture_size = compilation.max_cudagraph_capture_size
+            self.runtime = GraphRuntime(
+                EngineBackend(), address_check="always_on", unexpected_capture="engine",
+                warmup_iters=int(compilation.cudagraph_num_of_warmups), observer=_TwinObserver(self),
+                progress=False,
+            )
+            self._phase = self.runtime.capture_phase()
+            self._phase.__enter__()
+            recorder = Recorder(
+                self.url, label=f"vLLM {version} ({kind} model runner)",
+                config=config_of(config, kind, version),
+                rank=int(getattr(parallel, "rank", 0) or 0),
+                world_size=int(getattr(parallel, "world_size", 1) or 1),
+                device=str(getattr(runner, "device", "")),
+            )
+            recorder.start()
+            self.recorder = recorder
+            atexit.register(self.close)
+            log.info("recording vLLM %s (%s model runner) into %s", version, kind, recorder.url)
+
+    def capture_finished(self) -> None:
+        """vLLM's ``capture_model`` returned: capture is over, later captures are unexpected."""
+        self._flush_pieces()
+        if self._phase is not None:
+            phase, self._phase = self._phase, None
+            phase.__exit__(None, None, None)
+
+    def close(self) -> None:
+        """Write what is left (at exit, or when vLLM shuts its worker down)."""
+        if self._closed or self.recorder is None:
+            return
+        self._closed = True
+        self._flush_pieces()
+        self.recorder.close()
+
+    # ------------------------------------------------------------------ steps
+
+    def descriptor(self, vllm_descriptor: Any, execution: bool = False) -> BatchDescriptor:
+        """graph-inspector's descriptor for one of vLLM's, the same object every time for the same key
+        (so the twins find their graph by identity)."""
+        found = self._descriptors.get(vllm_descriptor)
+        if found is None:
+            made = descriptor_of_execution(vllm_descriptor) if execution else descriptor_of(vllm_descriptor)
+            found = self._canonical.setdefault(made, made)
+            self._descriptors[vllm_descriptor] = found
+            if execution:
+                self._executions.setdefault(found, vllm_descriptor)
+        return found
+
+    def step(self, vllm_mode: Any, vllm_descriptor: Any, num_tokens: int, uniform: bool, *,
+             execution: bool = False, forced: bool = False) -> None:
+        """One step's decision: replayed as ``vllm_descriptor`` in ``vllm_mode``, or run eagerly."""
+        recorder = self.recorder
+        if recorder is None or self.dummy_depth:
+            return
+        self.step_tokens = num_tokens
+        mode = mode_of(vllm_mode)
+        if mode is CUDAGraphMode.NONE:
+            reason, would_be = eager_reason(num_tokens, uniform, self.configured, self.max_capture_size,
+                                            forced=forced)
+            recorder.on_eager(reason, num_tokens, would_be)
+        else:
+            recorder.on_replay(mode, self.descriptor(vllm_descriptor, execution), num_tokens)
+
+    def context(self, forward_context: Any) -> ForwardContext:
+        """capture_core's forward context for vLLM's current one (built once per forward)."""
+        if forward_context is self._context_key and self._context is not None:
+            return self._context
+        descriptor = self.descriptor(forward_context.batch_descriptor)
+        real = descriptor.num_tokens if self.dummy_depth else min(self.step_tokens, descriptor.num_tokens)
+        self._context = ForwardContext(mode_of(forward_context.cudagraph_runtime_mode), descriptor, real or 1)
+        self._context_key = forward_context
+        return self._context
+
+    def full_context(self, execution: Any) -> ForwardContext:
+        """The context of a V2 FULL replay (the V2 runner replays FULL graphs without vLLM's)."""
+        descriptor = self.descriptor(execution, execution=True)
+        real = min(self.step_tokens, descriptor.num_tokens) or 1
+        return ForwardContext(CUDAGraphMode.FULL, descriptor, real)
+
+    # ------------------------------------------------------------------ graphs
+
+    def twin(self, vllm_wrapper: Any) -> CUDAGraphWrapper:
+        """The twin of one vLLM ``CUDAGraphWrapper`` (made on its first graph call)."""
+        assert self.runtime is not None
+        runnable = vllm_wrapper.runnable
+        mode = mode_of(vllm_wrapper.runtime_mode)
+        index = getattr(runnable, "piecewise_compile_index", None)
+        total = getattr(runnable, "total_piecewise_compiles", None)
+        pieces = isinstance(index, int) and isinstance(total, int) and total > 1
+        if mode is CUDAGraphMode.PIECEWISE and pieces:
+            name = f"vLLM PIECEWISE piece {index + 1}/{total}"
+            self._piece_of[name] = (index, total)
+        else:
+            name = f"vLLM {mode.name} {type(runnable).__name__}"
+        module = runnable if _is_module(runnable) else None
+        twin = CUDAGraphWrapper(
+            runnable, self.runtime, mode, name,
+            source=WrapperSource(vllm_wrapper, self.vllm_call, self.input_names), module=module,
+        )
+        vllm_wrapper.__dict__["_graph_inspector_twin"] = twin
+        return twin
+
+    def input_names(self, args: Sequence[Any]) -> ParameterNames:
+        """A piece's positional inputs named: a weight by its parameter's name, others by position."""
+        names = self._parameter_names
+        if any(id(value) not in names for value in args if _is_parameter(value)):
+            names = self._parameter_names = _parameter_names(self.runner)  # a capture: rare
+        return ParameterNames(tuple(names.get(id(value), f"args[{i}]") for i, value in enumerate(args)))
+
+    def adopt_full(self, manager: Any, execution: Any, inputs: dict[str, Any], seconds: float,
+                   pool_bytes: int) -> None:
+        """A FULL graph the V2 runner's ``CudaGraphManager`` just captured, handed to the FULL twin."""
+        assert self.runtime is not None and self.run_fullgraph is not None
+        if self.full_twin is None:
+            model = getattr(self.runner, "model", None)
+            self.full_twin = CUDAGraphWrapper(
+                _model_call, self.runtime, CUDAGraphMode.FULL, "vLLM FULL CudaGraphManager",
+                source=ManagerSource(manager, self.run_fullgraph, self._executions.__getitem__),
+                module=model if _is_module(model) else None,
+            )
+        descriptor = self.descriptor(execution, execution=True)
+        twin, unexpected = self.full_twin, self.runtime.locked
+        if unexpected:
+            self.runtime.admit_capture(twin.name, CUDAGraphMode.FULL, descriptor, descriptor.num_tokens)
+        entry = manager_entry(manager, self.run_fullgraph, execution, descriptor, inputs, seconds, pool_bytes,
+                              unexpected)
+        twin.adopt(entry)
+
+    def graph_captured(self, event: CaptureEvent) -> None:
+        """A twin's capture: a FULL graph goes to the recorder; a piece waits for its descriptor's
+        other pieces (vLLM captures them in order within one forward)."""
+        if self.profiling:
+            event = replace(event, wrapper=f"{event.wrapper} [{PROFILING_NOTE}]")
+        piece = self._piece_of.get(event.wrapper.split(" [", 1)[0])
+        if piece is None:
+            self.recorder.on_capture(event)
+            return
+        index, total = piece
+        key = (event.mode, event.descriptor)
+        parts = self._pieces.setdefault(key, [])
+        parts.append((index, event))
+        if len(parts) == total:
+            del self._pieces[key]
+            self.recorder.on_capture(_pieces_as_one(parts, total))
+
+    def _flush_pieces(self) -> None:
+        pending, self._pieces = self._pieces, {}
+        for parts in pending.values():
+            self.recorder.on_capture(_pieces_as_one(parts, max(i for i, _ in parts) + 1))
+
+    def violation(self, event: ViolationEvent) -> None:
+        if self.recorder is not None:
+            self.recorder.on_violation(event)
+
+
+def _model_call(*args: Any, **kwargs: Any) -> Any:
+    raise GraphCacheError("the V2 runner's FULL graphs are replayed by vLLM, not called")
+
+
+def _is_parameter(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.nn.Parameter)
+
+
+def _is_module(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.nn.Module)
+
+
+def _parameter_names(runner: Any) -> dict[int, str]:
+    """id(parameter or buffer) -> its name in the runner's model (the pieces receive them as inputs)."""
+    model = getattr(runner, "model", None)
+    model = getattr(model, "runnable", model)  # the V1 runner's FULL wrapper holds the model
+    if not _is_module(model):
+        return {}
+    names = {id(p): name for name, p in model.named_parameters()}
+    names.update({id(b): name for name, b in model.named_buffers()})
+    return names
+
+
+def _pieces_as_one(parts: list[tuple[int, CaptureEvent]], total: int) -> CaptureEvent:
+    """A PIECEWISE descriptor's pieces as one graph of ``total`` segments: their inputs (``piece<i>.``),
+    capture times and pool bytes summed, unexpected when any was."""
+    parts = sorted(parts, key=lambda p: p[0])
+    first = parts[0][1]
+    note = first.wrapper.split(" [", 1)[1] if " [" in first.wrapper else ""
+    wrapper = f"vLLM PIECEWISE ({total} pieces)" + (f" [{note}" if note else "")
+    return CaptureEvent(
+        descriptor=first.descriptor, mode=first.mode, backend=first.backend, wrapper=wrapper,
+        input_names=tuple(f"piece{i + 1}.{n}" for i, e in parts for n in e.input_names),
+        input_addresses=tuple(a for _, e in parts for a in e.input_addresses),
+        capture_seconds=sum(e.capture_seconds for _, e in parts),
+        pool_bytes=sum(e.pool_bytes for _, e in parts),
+        warmup_iters=first.warmup_iters, num_segments=total,
+        unexpected=any(e.unexpected for _, e in parts), captured_at=first.captured_at,
+        unchecked_inputs=tuple(f"piece{i + 1}.{n}" for i, e in parts for n in e.unchecked_inputs),
+    )

@@ -1,0 +1,122 @@
+"""The vLLM plugin where vLLM is not: it is declared where vLLM looks for it, stays silent until
+``GRAPH_INSPECTOR_VLLM`` names a database, and then refuses in one line, never raising into vLLM; and
+the mapping of vLLM's vocabulary onto graph-inspector's (read by attribute, so no vLLM is needed).
+
+The integration itself runs against the real vLLM 0.25.1 on the GPU machine (``bench/gpu_vllm.py``,
+BENCHMARKS.md "vLLM"); ``test_vllm_hooks.py`` drives its hooks through vLLM's own classes where vLLM
+is importable.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+from types import SimpleNamespace
+
+import pytest
+
+from capture_core import BatchDescriptor, CUDAGraphMode
+from capture_core.sizes import EagerReason
+from inspector.engines.vllm import ENV, register
+from inspector.engines.vllm.mapping import descriptor_of, descriptor_of_execution, eager_reason, mode_of
+from inspector.engines.vllm.version import SUPPORTED, support_problem
+
+# What vLLM's load_general_plugins does: every entry point of the group, loaded and called.
+LOAD_LIKE_VLLM = (
+    "from importlib.metadata import entry_points\n"
+    "for ep in entry_points(group='vllm.general_plugins'):\n"
+    "    ep.load()()\n"
+    "print('vllm went on')\n"
+)
+
+
+def _vllm_missing() -> bool:
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return True
+    return False
+
+
+def test_the_plugin_is_declared_where_vllm_looks_for_it() -> None:
+    group = metadata.entry_points(group="vllm.general_plugins")
+    points = [ep for ep in group if ep.name == "graph_inspector"]
+    assert [ep.value for ep in points] == ["inspector.engines.vllm:register"]
+
+
+def test_without_the_variable_the_plugin_does_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    register()
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.skipif(not _vllm_missing(), reason="vLLM is installed here")
+def test_without_vllm_the_plugin_refuses_in_one_line_and_vllm_goes_on(tmp_path) -> None:
+    env = {"PATH": "/usr/bin:/bin", ENV: f"sqlite:///{tmp_path / 'v.db'}"}
+    done = subprocess.run([sys.executable, "-c", LOAD_LIKE_VLLM], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0
+    assert done.stdout == "vllm went on\n"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "vLLM is not installed" in lines[0] and "0.25" in lines[0]
+    assert not (tmp_path / "v.db").exists()  # nothing recorded, nothing created
+
+
+@pytest.mark.parametrize("version", ["0.25.0", "0.25.1", "0.25.2rc1", "0.25.1+cu130"])
+def test_the_supported_series_attaches(version: str) -> None:
+    assert support_problem(version) is None
+
+
+@pytest.mark.parametrize("version", ["0.24.2", "0.26.0", "1.0.0", "0.9.2", "nightly"])
+def test_any_other_release_is_refused_naming_what_is_supported_and_watch(version: str) -> None:
+    problem = support_problem(version)
+    assert problem is not None and "\n" not in problem
+    assert f"vLLM {version} is not supported" in problem
+    assert SUPPORTED in problem and "graph-inspector watch -- <your command>" in problem
+
+
+def test_modes_map_by_name() -> None:
+    for name in ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+        assert mode_of(SimpleNamespace(name=name)) is CUDAGraphMode[name]
+    with pytest.raises(ValueError, match="not a vLLM CUDA-graph mode"):
+        mode_of(SimpleNamespace(name="FULL_AND_FULL"))
+
+
+def test_vllms_batch_descriptor_is_the_same_key() -> None:
+    full = SimpleNamespace(num_tokens=8, num_reqs=8, uniform=True, has_lora=False, num_active_loras=0)
+    piecewise = SimpleNamespace(num_tokens=32, num_reqs=None, uniform=False, has_lora=False,
+                                num_active_loras=0)
+    lora = SimpleNamespace(num_tokens=16, num_reqs=None, uniform=False, has_lora=True, num_active_loras=2)
+    assert descriptor_of(full) == BatchDescriptor(8, 8, uniform=True)
+    assert descriptor_of(piecewise) == BatchDescriptor(32)
+    assert descriptor_of(lora) == BatchDescriptor(16, has_lora=True, num_active_loras=2)
+
+
+def test_the_v2_runners_execution_descriptor_maps_onto_the_same_key() -> None:
+    decode = SimpleNamespace(num_tokens=8, num_reqs=8, uniform_token_count=1, num_active_loras=0)
+    mixed = SimpleNamespace(num_tokens=48, num_reqs=None, uniform_token_count=None, num_active_loras=0)
+    assert descriptor_of_execution(decode) == BatchDescriptor(8, 8, uniform=True)
+    assert descriptor_of_execution(mixed) == BatchDescriptor(48)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "uniform", "configured", "forced", "expected"),
+    [
+        (8, True, CUDAGraphMode.NONE, False, (EagerReason.MODE_NONE, CUDAGraphMode.NONE)),
+        (300, False, CUDAGraphMode.FULL_AND_PIECEWISE, False,
+         (EagerReason.ABOVE_MAX_CAPTURE_SIZE, CUDAGraphMode.PIECEWISE)),
+        (300, True, CUDAGraphMode.FULL_AND_PIECEWISE, False,
+         (EagerReason.ABOVE_MAX_CAPTURE_SIZE, CUDAGraphMode.FULL)),
+        (24, False, CUDAGraphMode.FULL_DECODE_ONLY, False,
+         (EagerReason.NO_GRAPH_FOR_MIXED_BATCH, CUDAGraphMode.FULL)),
+        (24, False, CUDAGraphMode.FULL_AND_PIECEWISE, True,
+         (EagerReason.ENGINE_FORCED, CUDAGraphMode.PIECEWISE)),
+        (24, True, CUDAGraphMode.FULL_AND_PIECEWISE, False,
+         (EagerReason.NO_MATCHING_GRAPH, CUDAGraphMode.FULL)),
+    ],
+)
+def test_an_eager_step_is_given_vllms_reason(tokens, uniform, configured, forced, expected) -> None:
+    assert eager_reason(tokens, uniform, configured, 256, forced=forced) == expected
