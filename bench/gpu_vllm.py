@@ -49,7 +49,7 @@ def plan(name: str, steps: int) -> list[dict[str, Any]]:
         return compare
     return [
         {"tag": "v1-on", "group": 0, "serve": 10, "db": True,
-         "args": [*shared, "--runner", "v1", "--cudagraph-metrics"]},
+         "args": [*shared, "--runner", "v1", "--cudagraph-metrics", "--canary"]},
         *compare,
         {"tag": "v1-faults", "group": 1, "serve": 11, "db": True,
          "args": [*shared, "--runner", "v1", "--faults", *KV]},

@@ -77,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.08)
     p.add_argument("--cudagraph-metrics", action="store_true")
     p.add_argument("--faults", action="store_true", help="plant the faults (in-process engine only)")
+    p.add_argument("--canary", action="store_true", help="the replay-vs-eager canary on sampled replays")
     p.add_argument("--init-gate", default="", help="wait for this file before building the engine")
     p.add_argument("--ready-file", default="", help="touch this file once the engine is built")
     p.add_argument("--go-file", default="", help="wait for this file before serving")
@@ -242,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                        ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
                        ("VLLM_HOST_IP", "127.0.0.1"), ("VLLM_USE_FLASHINFER_SAMPLER", "0")):
         os.environ.setdefault(key, value)
+    if args.canary:
+        os.environ["GRAPH_INSPECTOR_CANARY"] = "1"
     if args.db:
         os.environ["GRAPH_INSPECTOR_VLLM"] = args.db
     else:

@@ -133,6 +133,10 @@ class GraphSource(Protocol):
         """Serve the batch without a graph."""
         ...
 
+    # A source may say ``has_eager_form = False``: its graphs are replayed by an engine that holds no
+    # eager form of the step (vLLM's V2 runner replays FULL graphs without a call), so the canary,
+    # which compares a replay with the same step run eagerly, does not apply to them.
+
 
 class CallableSource:
     """A plain graph: the wrapper's callable itself, captured on the call's own arguments."""
@@ -208,6 +212,7 @@ class CUDAGraphWrapper:
         self.name = name or getattr(runnable, "__qualname__", None) or type(runnable).__name__
         self.parameter_names = ParameterNames.of(runnable)
         self.source: GraphSource = source if source is not None else CallableSource(runnable)
+        self.has_eager_form: bool = getattr(self.source, "has_eager_form", True)
         self.role = role
         self.reports = role is not GraphRole.SEGMENT
         if module is _RUNNABLE:
@@ -277,7 +282,7 @@ class CUDAGraphWrapper:
         if self.reports:
             runtime.observer.on_replay(context.mode, context.descriptor, context.num_real_tokens)
         canary = None
-        if sampled and self.reports and (debug or runtime.canary):
+        if sampled and self.reports and self.has_eager_form and (debug or runtime.canary):
             part = None if self.compared is None else functools.partial(self.compared, context=context)
             canary = CanaryRun(checks.layout, checks.mutated, context, args, kwargs, part)
         graph = entry.graph

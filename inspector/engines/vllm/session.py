@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -46,6 +47,10 @@ from inspector.engines.vllm.twins import ManagerSource, VllmCall, WrapperSource,
 from inspector.engines.vllm.version import vllm_version
 
 log = logging.getLogger("graph_inspector.vllm")
+
+CANARY_ENV = "GRAPH_INSPECTOR_CANARY"
+"""Set to 1 to run the replay-vs-eager canary on vLLM's sampled replays (its graphs with an eager form:
+the V1 runner's FULL graphs and every PIECEWISE piece)."""
 
 PROFILING_NOTE = "memory profiling, discarded"
 """How the wrapper name of a graph vLLM captured only to measure memory says so."""
@@ -129,7 +134,7 @@ class VllmSession:
             self.runtime = GraphRuntime(
                 EngineBackend(), address_check="always_on", unexpected_capture="engine",
                 warmup_iters=int(compilation.cudagraph_num_of_warmups), observer=_TwinObserver(self),
-                progress=False,
+                progress=False, canary=_flag(CANARY_ENV),
             )
             self._phase = self.runtime.capture_phase()
             self._phase.__enter__()
@@ -279,6 +284,10 @@ class VllmSession:
     def violation(self, event: ViolationEvent) -> None:
         if self.recorder is not None:
             self.recorder.on_violation(event)
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _model_call(*args: Any, **kwargs: Any) -> Any:
