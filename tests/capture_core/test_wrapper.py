@@ -186,3 +186,55 @@ def test_two_threads_reaching_one_missing_graph_capture_it_once(runtime, observe
             thread.join()
     assert len(observer.captures) == 1 and len(observer.replays) == 1
     assert all(torch.equal(r, torch.full((4,), 2.0)) for r in results)
+
+
+class EngineHeld:
+    """A graph source whose graphs an engine captured and replays by itself (as vLLM's V2 runner does):
+    the wrapper is handed them with ``adopt``, has no eager form of the step, and replays through it."""
+
+    has_eager_form = False
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def capture(self, wrapper, call, unexpected):
+        raise AssertionError("an engine-held graph is adopted, never captured through the wrapper")
+
+    def run_eagerly(self, call):
+        raise AssertionError("the canary must not run a graph with no eager form")
+
+
+def test_a_graph_captured_elsewhere_is_adopted_and_its_replays_are_checked(observer):
+    from capture_core.checks import ParameterNames
+    from capture_core.inputs import InputLayout
+    from capture_core.wrapper import GraphEntry
+
+    runtime = GraphRuntime("eager", observer=observer, canary=True, progress=False)
+    source = EngineHeld()
+    wrapper = CUDAGraphWrapper(lambda **k: None, runtime, name="engine", source=source, module=None)
+
+    class Held:  # what the engine replays: a pass that counts itself
+        outputs = None
+        capture_seconds, pool_bytes = 0.25, 4096
+
+        def run(self, args, kwargs):
+            source.replays += 1
+            return "replayed"
+
+    class HeldEntry(GraphEntry):
+        runs_pass = True
+
+    buffer = torch.zeros(4)
+    layout = InputLayout.record(ParameterNames(), (), {"input_ids": buffer})
+    with runtime.capture_phase():
+        wrapper.adopt(HeldEntry(DESC, FULL, Held(), layout, 0.25, 4096, False))
+    (event,) = observer.captures
+    assert (event.wrapper, event.input_names, event.capture_seconds, event.pool_bytes) == (
+        "engine", ("input_ids",), 0.25, 4096)
+    with set_forward_context(FULL, DESC):
+        for _ in range(3):  # the first replay is sampled: no canary for a graph with no eager form
+            assert wrapper(input_ids=buffer) == "replayed"
+        assert wrapper(input_ids=torch.zeros(4)) == "replayed"  # a buffer replaced, not written
+    assert source.replays == 4
+    (drift,) = observer.violations
+    assert (drift.kind, drift.input_name) == (ViolationKind.ADDRESS_DRIFT, "input_ids")
