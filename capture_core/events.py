@@ -61,6 +61,12 @@ class CaptureEvent:
     unchecked_inputs: tuple[str, ...] = ()
     """Inputs or checks that could not be applied to this graph, each with the reason (a set among
     the arguments, an inference tensor without a version counter, ...): named, not skipped silently."""
+    engine_key: str = ""
+    """The key of the engine that captured the graph, in the engine's own words, where one did
+    (vLLM's ``BatchDescriptor(...)`` or its V2 runner's ``BatchExecutionDescriptor(...)``)."""
+    discarded: bool = False
+    """Captured only to be thrown away by the engine, never to serve a step (vLLM captures graphs of
+    its largest sizes while it profiles memory, then clears them): shown apart from serving graphs."""
 
 
 @dataclass(frozen=True)

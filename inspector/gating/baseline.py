@@ -160,7 +160,7 @@ def run_figures(session: Session, run_id: int, database: str) -> Figures:
     for mode, key, size, count, pool, seconds in session.execute(
         select(g.mode, g.descriptor_key, func.max(g.captured_size), func.count(g.id),
                integer_sum(g.pool_bytes), func.sum(g.capture_seconds))
-        .where(g.run_id == run_id)
+        .where(g.run_id == run_id, g.discarded.is_(False))
         .group_by(g.mode, g.descriptor_key)
     ):
         figures.graphs[(mode, key)] = GraphFigures(mode, key, size, count, pool or 0, seconds or 0.0)

@@ -186,7 +186,9 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
             )
         selected = list(runs)
         for rid, count in session.execute(
-            select(Graph.run_id, func.count()).where(Graph.run_id.in_(selected)).group_by(Graph.run_id)
+            select(Graph.run_id, func.count())
+            .where(Graph.run_id.in_(selected), Graph.discarded.is_(False))
+            .group_by(Graph.run_id)
         ):
             runs[rid].graphs = count
         for rid, traffic in traffic_per_run(session, selected).items():

@@ -53,6 +53,8 @@ def graph(row: Graph) -> dict[str, Any]:
         **_columns(row, "num_segments", "num_ubatches"),
         "unexpected": bool(row.unexpected),
         "captured_at": row.captured_at,
+        "engine_key": row.engine_key or None,
+        "discarded": bool(row.discarded),
     }
 
 

@@ -63,7 +63,7 @@ class GraphQueries(RunQueries):
         """(captured size, capture seconds, pool bytes) of each graph the runs (every run when None)
         captured at start-up, not the unexpected ones: what the advice's cost model is fitted to."""
         query = select(Graph.captured_size, Graph.capture_seconds, Graph.pool_bytes).where(
-            Graph.unexpected.is_(False))
+            Graph.unexpected.is_(False), Graph.discarded.is_(False))
         if run_ids is not None:
             query = query.where(Graph.run_id.in_(run_ids))
         with self._session() as session:

@@ -199,16 +199,16 @@ class InspectorCollector(Collector):
         latest = select(func.max(Run.id)).group_by(Run.host, Run.rank).scalar_subquery()
         for mode, count, pool in conn.execute(
             select(Graph.mode, func.count(), func.coalesce(func.sum(Graph.pool_bytes), 0))
-            .where(Graph.run_id.in_(latest))
+            .where(Graph.run_id.in_(latest), Graph.discarded.is_(False))
             .group_by(Graph.mode)
         ):
             f[f"{PREFIX}graphs"].add_metric([mode], count)
             f[f"{PREFIX}graph_pool_bytes"].add_metric([mode], pool)
 
         for mode, count, seconds in conn.execute(
-            select(Graph.mode, func.count(), func.coalesce(func.sum(Graph.capture_seconds), 0.0)).group_by(
-                Graph.mode
-            )
+            select(Graph.mode, func.count(), func.coalesce(func.sum(Graph.capture_seconds), 0.0))
+            .where(Graph.discarded.is_(False))
+            .group_by(Graph.mode)
         ):
             f[f"{PREFIX}captures_total"].add_metric([mode], count)
             f[f"{PREFIX}capture_duration_seconds"].add_metric([mode], count_value=count, sum_value=seconds)

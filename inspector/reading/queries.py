@@ -45,7 +45,8 @@ class Queries(GraphQueries, JobQueries):
         self.rollup.refresh()
         scope = None if run_id is None else [run_id]
         with self._session() as session:
-            graph_filter = [] if run_id is None else [Graph.run_id == run_id]
+            serving = Graph.discarded.is_(False)  # an engine's throw-away graphs are counted apart
+            graph_filter = [serving] if run_id is None else [serving, Graph.run_id == run_id]
             by_mode = dict(
                 session.execute(
                     select(Graph.mode, func.count(Graph.id)).where(*graph_filter).group_by(Graph.mode)
@@ -56,6 +57,8 @@ class Queries(GraphQueries, JobQueries):
                        integer_sum(case((Graph.unexpected, 1), else_=0)))
                 .where(*graph_filter)
             ).one()
+            thrown_away = [Graph.discarded.is_(True), *graph_filter[1:]]
+            discarded = session.scalar(select(func.count(Graph.id)).where(*thrown_away)) or 0
             memory = session.execute(
                 select(Graph.id, Graph.run_id, Graph.mode, Graph.captured_size, Graph.pool_bytes)
                 .where(*graph_filter)
@@ -86,6 +89,7 @@ class Queries(GraphQueries, JobQueries):
                 "pool_bytes": totals[1] or 0,
                 "capture_seconds": totals[2] or 0.0,
                 "unexpected": totals[3] or 0,
+                "discarded": discarded,
             },
             "traffic": traffic.as_dict(),
             "eager": [

@@ -90,7 +90,7 @@ class RunQueries:
                 graphs = session.execute(
                     select(Graph.mode, Graph.captured_size, integer_sum(Graph.pool_bytes),
                            func.count(Graph.id))
-                    .where(Graph.run_id == run_id)
+                    .where(Graph.run_id == run_id, Graph.discarded.is_(False))
                     .group_by(Graph.mode, Graph.captured_size)
                 ).all()
                 for mode, size, pool, count in graphs:
@@ -110,7 +110,7 @@ class RunQueries:
             for run_id, count, pool, capture in session.execute(
                 select(Graph.run_id, func.count(Graph.id), integer_sum(Graph.pool_bytes),
                        func.sum(Graph.capture_seconds))
-                .where(Graph.run_id.in_(ids))
+                .where(Graph.run_id.in_(ids), Graph.discarded.is_(False))
                 .group_by(Graph.run_id)
             )
         }

@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -113,6 +114,10 @@ class Graph(DescriptorColumns, Base):
     """JSON list of [req_start, req_stop, token_start, token_stop] per ubatch."""
     unexpected: Mapped[bool] = mapped_column(Boolean, default=False)
     captured_at: Mapped[float] = mapped_column(Float)
+    engine_key: Mapped[str] = mapped_column(String(500), default="", server_default="")
+    """The capturing engine's own key for the graph (vLLM's descriptor), where an engine captured it."""
+    discarded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Captured only to be thrown away (vLLM's memory profiling): not a graph that serves steps."""
 
     run: Mapped[Run] = relationship(back_populates="graphs")
 

@@ -126,25 +126,30 @@ def capture_values(run_id: int, event: CaptureEvent) -> dict[str, object]:
         "ubatch_slices": json.dumps([list(s) for s in event.ubatch_slices]),
         "unexpected": bool(event.unexpected),
         "captured_at": float(event.captured_at),
+        "engine_key": event.engine_key,
+        "discarded": bool(event.discarded),
         **descriptor_values(event.mode, event.descriptor),
     }, json_columns=GRAPH_JSON_COLUMNS)
 
 
 def insert_graphs(conn: Connection, run_id: int, events: Sequence[CaptureEvent]) -> dict[GraphKey, int]:
-    """One row per capture; graph key -> id (a key captured twice: the later graph)."""
+    """One row per capture; graph key -> id of the graph that serves it (a key captured twice: the
+    later graph; never a discarded one, which serves nothing)."""
     ids = _insert_returning_ids(conn, models.Graph, [capture_values(run_id, event) for event in events])
-    return {graph_key(e.mode, e.descriptor): graph_id for e, graph_id in zip(events, ids, strict=True)}
+    return {graph_key(e.mode, e.descriptor): graph_id
+            for e, graph_id in zip(events, ids, strict=True) if not e.discarded}
 
 
 def graph_ids(conn: Connection, run_id: int, keys: Iterable[GraphKey]) -> dict[GraphKey, int]:
-    """The ids of ``run_id``'s graphs with these keys (a key captured twice: the later graph)."""
+    """The ids of ``run_id``'s graphs with these keys (a key captured twice: the later graph; never a
+    discarded one)."""
     g = models.Graph
     wanted = list(keys)
     if not wanted:
         return {}
     rows = conn.execute(
         select(g.mode, g.descriptor_key, g.id)
-        .where(g.run_id == run_id, tuple_(g.mode, g.descriptor_key).in_(wanted))
+        .where(g.run_id == run_id, tuple_(g.mode, g.descriptor_key).in_(wanted), g.discarded.is_(False))
         .order_by(g.id)
     )
     return {(mode, key): graph_id for mode, key, graph_id in rows}

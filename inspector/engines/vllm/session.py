@@ -52,9 +52,6 @@ CANARY_ENV = "GRAPH_INSPECTOR_CANARY"
 """Set to 1 to run the replay-vs-eager canary on vLLM's sampled replays (its graphs with an eager form:
 the V1 runner's FULL graphs and every PIECEWISE piece)."""
 
-PROFILING_NOTE = "memory profiling, discarded"
-"""How the wrapper name of a graph vLLM captured only to measure memory says so."""
-
 
 class EngineBackend(GraphBackend):
     """The backend of graphs the engine captures itself: real CUDA graphs, never captured here."""
@@ -112,6 +109,8 @@ class VllmSession:
         self._context: ForwardContext | None = None
         self._parameter_names: dict[int, str] = {}
         self.full_twin: CUDAGraphWrapper | None = None
+        self._adopting: Any = None
+        """The V2 execution descriptor of the FULL graph being handed to the FULL twin."""
         self._executions: dict[BatchDescriptor, Any] = {}
         self._closed = False
 
@@ -257,14 +256,19 @@ class VllmSession:
             self.runtime.admit_capture(twin.name, CUDAGraphMode.FULL, descriptor, descriptor.num_tokens)
         entry = manager_entry(manager, self.run_fullgraph, execution, descriptor, inputs, seconds, pool_bytes,
                               unexpected)
-        twin.adopt(entry)
+        self._adopting = execution
+        try:
+            twin.adopt(entry)
+        finally:
+            self._adopting = None
 
     def graph_captured(self, event: CaptureEvent) -> None:
-        """A twin's capture: a FULL graph goes to the recorder; a piece waits for its descriptor's
-        other pieces (vLLM captures them in order within one forward)."""
-        if self.profiling:
-            event = replace(event, wrapper=f"{event.wrapper} [{PROFILING_NOTE}]")
-        piece = self._piece_of.get(event.wrapper.split(" [", 1)[0])
+        """A twin's capture, with vLLM's own key for it and whether vLLM captured it only to measure
+        memory: a FULL graph goes to the recorder; a piece waits for its descriptor's other pieces
+        (vLLM captures them in order within one forward)."""
+        key = self._adopting if self._adopting is not None else self._context_key.batch_descriptor
+        event = replace(event, engine_key=repr(key), discarded=self.profiling)
+        piece = self._piece_of.get(event.wrapper)
         if piece is None:
             self.recorder.on_capture(event)
             return
@@ -322,10 +326,9 @@ def _pieces_as_one(parts: list[tuple[int, CaptureEvent]], total: int) -> Capture
     capture times and pool bytes summed, unexpected when any was."""
     parts = sorted(parts, key=lambda p: p[0])
     first = parts[0][1]
-    note = first.wrapper.split(" [", 1)[1] if " [" in first.wrapper else ""
-    wrapper = f"vLLM PIECEWISE ({total} pieces)" + (f" [{note}" if note else "")
     return CaptureEvent(
-        descriptor=first.descriptor, mode=first.mode, backend=first.backend, wrapper=wrapper,
+        descriptor=first.descriptor, mode=first.mode, backend=first.backend,
+        wrapper=f"vLLM PIECEWISE ({total} pieces)",
         input_names=tuple(f"piece{i + 1}.{n}" for i, e in parts for n in e.input_names),
         input_addresses=tuple(a for _, e in parts for a in e.input_addresses),
         capture_seconds=sum(e.capture_seconds for _, e in parts),
@@ -333,4 +336,5 @@ def _pieces_as_one(parts: list[tuple[int, CaptureEvent]], total: int) -> Capture
         warmup_iters=first.warmup_iters, num_segments=total,
         unexpected=any(e.unexpected for _, e in parts), captured_at=first.captured_at,
         unchecked_inputs=tuple(f"piece{i + 1}.{n}" for i, e in parts for n in e.unchecked_inputs),
+        engine_key=first.engine_key, discarded=first.discarded,
     )
