@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,8 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 from dashboard import api, assets, auth, downloads, envelope, pages, units, wsgi
 from dashboard.assets import ChartLibrary
+from dashboard.headers import security_headers
+from dashboard.hosts import HostCheck
 from dashboard.resources import EXTENSION
 from inspector.errors import DatabaseError
 from inspector.reading.metrics import InspectorCollector
@@ -42,13 +45,16 @@ class DashboardState:
 
 
 def create_app(
-    db_url: str | None = None, *, token: str | None = None, test_config: dict[str, Any] | None = None
+    db_url: str | None = None, *, token: str | None = None, allowed_hosts: Sequence[str] = (),
+    test_config: dict[str, Any] | None = None,
 ) -> Flask:
     """The dashboard for the database at ``db_url`` (default: $GRAPH_INSPECTOR_DB, else the SQLite
     file ``graph-inspector.db``), created or upgraded to the newest schema.
 
-    With ``token``, every page, API call and scrape needs it. ``test_config`` overrides Flask
-    settings and ``CHART_JS`` (the path of the chart library, to test its absence).
+    With ``token``, every page, API call and scrape needs it. Without one, only requests to a
+    loopback name or one of ``allowed_hosts`` are answered (``dashboard.hosts``); with one, any name
+    unless ``allowed_hosts`` lists them. ``test_config`` overrides Flask settings and ``CHART_JS``
+    (the path of the chart library, to test its absence).
     """
     app = Flask(__name__)
     app.config.from_mapping(CHART_JS=assets.CHART_JS)
@@ -76,11 +82,13 @@ def create_app(
     _register_errors(app)
     app.jinja_env.filters.update(units.FILTERS)
     app.context_processor(_template_globals)
-    app.after_request(_security_headers)
 
-    app.wsgi_app = DispatcherMiddleware(  # type: ignore[method-assign]
+    served: Callable = DispatcherMiddleware(
         app.wsgi_app, {"/metrics": wsgi.answer_head(auth.guard_wsgi(make_wsgi_app(registry), state.token))}
     )
+    if not state.token or allowed_hosts:
+        served = HostCheck(served, allowed_hosts)
+    app.wsgi_app = security_headers(served)  # type: ignore[method-assign]
     return app
 
 
@@ -116,21 +124,6 @@ def _template_globals() -> dict[str, Any]:
         "now": time.time(),
         "ago": units.ago,
     }
-
-
-CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
-)
-"""Only this origin's files run: even if some engine-written text slipped past escaping, it could
-neither run script nor load anything from elsewhere."""
-
-
-def _security_headers(response: Response) -> Response:
-    response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Referrer-Policy", "no-referrer")
-    return response
 
 
 def _wants_json() -> bool:

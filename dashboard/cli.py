@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
-from dashboard.commands.serve import DEFAULT_HOST, DEFAULT_PORT, PRUNE_EVERY, TOKEN_ENV
+from dashboard.commands.serve import DEFAULT_HOST, DEFAULT_PORT, PRUNE_EVERY, STOP_GRACE_S, TOKEN_ENV
 from dashboard.demo import options as demo
 from inspector.commands.advise import PACKAGED_TRACE
 from inspector.commands.report import FORMATS as REPORT_FORMATS
@@ -154,7 +154,9 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     parser = _command(
         commands, "serve", "dashboard.commands.serve:run",
         help="serve the dashboard, its JSON API and /metrics",
-        description="Serve the dashboard (pages, JSON API under /api, /metrics, /healthz) for a database.",
+        description="Serve the dashboard (pages, JSON API under /api, /metrics, /healthz) for a database. "
+                    "SIGTERM or Ctrl-C stops it gracefully: it stops accepting, finishes the answers in "
+                    f"flight (for up to {STOP_GRACE_S:g} s) and exits 0.",
     )
     parser.add_argument("--db", metavar="URL", help=DB_HELP)
     parser.add_argument("--host", default=DEFAULT_HOST,
@@ -163,6 +165,11 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
                         help=f"port (default {DEFAULT_PORT}; 0 picks a free one and prints it)")
     parser.add_argument("--token",
                         help=f"access token for every page, API call and scrape (default: ${TOKEN_ENV})")
+    parser.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                        help="a name the dashboard is reached by besides loopback ones, e.g. the one a "
+                             "reverse proxy forwards in its Host header; repeatable. Without a token, any "
+                             "other name is refused (a guard against DNS rebinding); with a token, any name "
+                             "is answered unless this lists them")
     parser.add_argument("--get", metavar="PATH",
                         help="answer one request in-process, print the body and exit (non-zero for an error "
                              "status): a smoke test, e.g. --get /api/summary")

@@ -1,17 +1,21 @@
-"""`graph-inspector serve`: the dashboard daemon on waitress, a production WSGI server.
+"""`graph-inspector serve`: the dashboard daemon on waitress, a production WSGI server
+(``dashboard.server``: its limits, deadlines and graceful stop).
 
 Loopback by default. Binding anywhere else exposes graph-cache internals and stack traces to the
-network, so it needs an access token (``--token`` or $GRAPH_INSPECTOR_TOKEN). With ``--retain`` it
-also folds old traffic windows on a schedule (``inspector.storage.retention``).
+network, so it needs an access token (``--token`` or $GRAPH_INSPECTOR_TOKEN). Without a token it
+answers only to loopback names and those given with ``--allow-host`` (``dashboard.hosts``). With
+``--retain`` it also folds old traffic windows on a schedule (``inspector.storage.retention``).
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from dashboard.hosts import is_loopback
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -21,34 +25,26 @@ if TYPE_CHECKING:
 TOKEN_ENV = "GRAPH_INSPECTOR_TOKEN"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
-THREADS = 8
 PRUNE_EVERY = "10m"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+STOP_GRACE_S = 5.0
+"""How long a stop waits for the answers in flight: inside Docker's 10 s and Kubernetes' 30 s."""
 
 
 def run(args: argparse.Namespace) -> int:
     from inspector.errors import UsageError
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    if args.get:
-        return get(args.db, args.get, token)
-    if not is_loopback(args.host) and not token:
+    if not args.get and not is_loopback(args.host) and not token:
         raise UsageError(
             f"refusing to serve on {args.host} without an access token: the dashboard shows stack traces "
             f"and memory addresses. Pass --token (or set {TOKEN_ENV}), or bind to {DEFAULT_HOST}."
         )
     retention = _retention(args.retain, args.prune_every)
+    if args.get:
+        return get(args.db, args.get, token, args.allow_host)
     from dashboard.app import create_app
 
-    app = create_app(args.db, token=token)
+    app = create_app(args.db, token=token, allowed_hosts=args.allow_host)
     return serve(app, args.host, args.port, retention=retention)
 
 
@@ -65,11 +61,11 @@ def _retention(tiers: list[str], every: str) -> tuple[Policy, float] | None:
         raise UsageError(f"--retain/--prune-every: {error}") from None
 
 
-def get(db_url: str | None, path: str, token: str | None) -> int:
+def get(db_url: str | None, path: str, token: str | None, allowed_hosts: Sequence[str] = ()) -> int:
     """One request through the whole app without binding a port; exit 1 on a 4xx/5xx answer."""
     from dashboard.app import create_app
 
-    app = create_app(db_url, token=token)
+    app = create_app(db_url, token=token, allowed_hosts=allowed_hosts)
     app.extensions["graph_inspector"].queries.rollup.warm()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     response = app.test_client().get(path if path.startswith("/") else "/" + path, headers=headers)
@@ -82,7 +78,8 @@ def get(db_url: str | None, path: str, token: str | None) -> int:
 
 def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           retention: tuple[Policy, float] | None = None) -> int:
-    """Serve ``app`` (from ``create_app``) on waitress until interrupted, after printing its URL.
+    """Serve ``app`` (from ``create_app``) until SIGTERM or SIGINT, after printing its URL; then stop
+    gracefully (``dashboard.server``) and return 0.
 
     ``port=0`` binds a free port; the printed URL carries the real one. The daemon's time series
     are loaded before the URL is printed, so the first page is as fast as the rest. With
@@ -90,19 +87,18 @@ def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
     """
     import logging
 
-    from waitress.server import create_server
-
     from dashboard.resources import EXTENSION
+    from dashboard.server import Server
     from inspector.errors import UsageError
 
     state = app.extensions[EXTENSION]
     state.queries.rollup.warm()
     try:
-        server = create_server(app, host=host, port=port, threads=THREADS, ident="graph-inspector")
+        server = Server(app, host, port, STOP_GRACE_S)
     except OSError as error:
         raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     shown_host = f"[{host}]" if ":" in host else host
-    url = f"http://{shown_host}:{server.effective_port}/"
+    url = f"http://{shown_host}:{server.port}/"
     print(f"graph-inspector dashboard: {url}  (database: {state.store.display_url})", flush=True)
     if state.token:
         print("  access token required: open the URL once with ?token=<token>, or send "
@@ -115,14 +111,14 @@ def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
         print(f"  retention: every {every:g} s, windows {policy}", flush=True)
         pruner = Pruner(state.store, policy, every, lambda line: print(f"graph-inspector retention: {line}",
                                                                         flush=True)).start()
-    print("  Ctrl-C stops it", flush=True)
+    print(f"  Ctrl-C or SIGTERM stops it (answers in flight get {STOP_GRACE_S:g} s)", flush=True)
     logging.getLogger("waitress").setLevel(logging.WARNING)
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # a queue is how a burst is served
     try:
-        server.run()
-    except KeyboardInterrupt:
-        print("graph-inspector dashboard: stopped", file=sys.stderr)
+        report = server.run()
+        print(f"graph-inspector dashboard: {report.line()}", file=sys.stderr, flush=True)
     finally:
         if pruner is not None:
-            pruner.stop()
+            pruner.stop(timeout=1.0)  # a fold cut short rolls back, losing nothing
         server.close()
     return 0

@@ -61,7 +61,8 @@ def is_decode_only(args: argparse.Namespace) -> bool:
 
 def check(args: argparse.Namespace) -> None:
     """Refuse what cannot work, before the database is touched; fill in the mode's default speedup."""
-    from dashboard.commands.serve import TOKEN_ENV, is_loopback
+    from dashboard.commands.serve import TOKEN_ENV
+    from dashboard.hosts import is_loopback
     from inspector.errors import UsageError
 
     args.token = args.token or os.environ.get(TOKEN_ENV) or None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import re
 import threading
 import time
@@ -40,6 +41,7 @@ from sqlalchemy import (
     Connection,
     Table,
     cast,
+    exc,
     func,
     insert,
     literal,
@@ -48,14 +50,21 @@ from sqlalchemy import (
 )
 from sqlalchemy import delete as sql_delete
 
+from inspector.errors import DatabaseError
 from inspector.ranks.steps import StepSegment
 from inspector.storage import models
-from inspector.storage.store import Store
+from inspector.storage.store import Store, translate_error
 
 FOLD_CACHE_KIB = -262144
 """SQLite's page cache for a fold transaction: 256 MiB (negative: KiB, as SQLite counts it)."""
 SLICE_SECONDS = 3600.0
 """The time one fold transaction covers (at least one grain): an hour of one run's windows."""
+FOLD_ATTEMPTS = 5
+CONFLICT_BACKOFF_S = 0.1
+"""The first wait before a fold that met another writer is tried again (doubled each time, with
+up to as much again at random, so that two pruners do not meet again in step)."""
+CONFLICT_STATES = frozenset({"40001", "40P01"})
+"""PostgreSQL's serialization failure and deadlock."""
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
@@ -161,16 +170,21 @@ class FoldReport:
 
 
 def prune(store: Store, policy: Policy, now: float | None = None) -> FoldReport:
-    """Fold every run's traffic rows as ``policy`` says, finest tier first."""
+    """Fold every run's traffic rows as ``policy`` says, finest tier first; a database error is a
+    ``DatabaseError`` of one line (each slice folded before it stays folded)."""
     now = time.time() if now is None else now
     report = FoldReport(policy)
     started = time.perf_counter()
-    for tier in policy.tiers:
-        cutoff = math.floor((now - tier.older_than) / tier.grain) * tier.grain
-        with store.engine.connect() as conn:
-            runs = list(conn.execute(select(models.Run.id).where(models.Run.started_at < cutoff)).scalars())
-        for run_id in runs:
-            _fold_run(store, run_id, tier.grain, cutoff, now, report)
+    try:
+        for tier in policy.tiers:
+            cutoff = math.floor((now - tier.older_than) / tier.grain) * tier.grain
+            older = select(models.Run.id).where(models.Run.started_at < cutoff)
+            with store.engine.connect() as conn:
+                runs = conn.execute(older).scalars().all()
+            for run_id in runs:
+                _fold_run(store, run_id, tier.grain, cutoff, now, report)
+    except exc.DBAPIError as error:
+        raise translate_error(error, store.display_url) from None
     report.seconds = time.perf_counter() - started
     return report
 
@@ -199,31 +213,68 @@ def _fold_run(store: Store, run_id: int, grain: float, cutoff: float, now: float
 def _fold_slice(store: Store, run_id: int, start: float, end: float, grain: float, now: float,
                 report: FoldReport, progress: bool) -> None:
     """One transaction: the run's rows that started in ``[start, end)``, folded ``grain`` wide; it is
-    logged when it folded anything, or (``progress``) to say how far folding got."""
+    logged when it folded anything, or (``progress``) to say how far folding got.
+
+    On PostgreSQL a fold that meets another writer of the same rows (another pruner: ``db prune``
+    while the daemon's retention runs) fails with a serialization failure and changes nothing; it
+    is tried again on a new snapshot, where the other's work is done, up to ``FOLD_ATTEMPTS`` times.
+    """
+    for attempt in range(1, FOLD_ATTEMPTS + 1):
+        try:
+            by_table = _fold_slice_once(store, run_id, start, end, grain, now, progress)
+        except exc.DBAPIError as error:
+            if not _conflicted(error):
+                raise translate_error(error, store.display_url) from None
+            if attempt == FOLD_ATTEMPTS:
+                raise DatabaseError(
+                    f"{store.display_url}: folding run {run_id}'s windows kept meeting another writer of "
+                    f"the same rows ({_first_line(error)}; {attempt} attempts); nothing was changed: run "
+                    "it again"
+                ) from None
+            time.sleep(CONFLICT_BACKOFF_S * 2 ** (attempt - 1) * (1 + random.random()))
+            continue
+        for table, (gone, made) in by_table.items():
+            counts = report.by_table.setdefault(table, [0, 0])
+            counts[0] += gone
+            counts[1] += made
+            report.rows_removed += gone
+            report.rows_added += made
+        report.transactions += 1
+        return
+
+
+def _fold_slice_once(store: Store, run_id: int, start: float, end: float, grain: float, now: float,
+                     progress: bool) -> dict[str, tuple[int, int]]:
+    """``_fold_slice``'s transaction; what it removed and added, by table, once it committed."""
+    by_table: dict[str, tuple[int, int]] = {}
     with _transaction(store) as conn:
-        removed = added = 0
         last_ids: dict[str, int] = {}
         for spec in TABLES:
             gone, made, last = _fold_table(conn, spec, run_id, start, end, grain)
-            removed, added = removed + gone, added + made
             last_ids[spec.last_id] = last
-            counts = report.by_table.setdefault(spec.table.name, [0, 0])
-            counts[0] += gone
-            counts[1] += made
+            by_table[spec.table.name] = (gone, made)
         gone, made = _fold_steps(conn, run_id, start, end, grain)
         if gone:
-            removed, added = removed + gone, added + made
-            counts = report.by_table.setdefault(models.StepSequence.__tablename__, [0, 0])
-            counts[0] += gone
-            counts[1] += made
+            by_table[models.StepSequence.__tablename__] = (gone, made)
+        removed = sum(gone for gone, _ in by_table.values())
+        added = sum(made for _, made in by_table.values())
         if removed or progress:
             conn.execute(insert(models.WindowFold).values(
                 run_id=run_id, folded_at=now, range_start=start, range_end=end, grain=grain,
                 rows_removed=removed, rows_added=added, **last_ids,
             ))
-    report.rows_removed += removed
-    report.rows_added += added
-    report.transactions += 1
+    return by_table
+
+
+def _first_line(error: exc.DBAPIError) -> str:
+    return (str(error.orig).strip().splitlines() or [type(error.orig).__name__])[0]
+
+
+def _conflicted(error: exc.DBAPIError) -> bool:
+    """A serialization failure or a deadlock: the transaction was rolled back, and may be retried."""
+    original = error.orig
+    state = getattr(original, "sqlstate", None) or getattr(original, "pgcode", None)
+    return state in CONFLICT_STATES
 
 
 def _fold_table(conn: Connection, spec: _Foldable, run_id: int, start: float, end: float, grain: float
@@ -338,9 +389,11 @@ class Pruner:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the schedule, waiting ``timeout`` seconds at most for a fold under way (one cut short
+        at exit rolls back, losing nothing)."""
         self._stop.set()
-        self._thread.join(timeout=5)  # a fold cut short at exit rolls back, losing nothing
+        self._thread.join(timeout)
 
     def _loop(self) -> None:
         while True:

@@ -107,10 +107,11 @@ QUERY_PAGES = ["/", "/graphs", "/violations", "/compile", "/runs", "/runs/compar
 @pytest.mark.parametrize("path", QUERY_PAGES)
 def test_url_for_keywords_in_the_query_are_ignored(client: FlaskClient, path: str, key: str) -> None:
     url = path + ("&" if "?" in path else "?") + f"{key}=POST"
-    response = client.get(url, headers={"Host": "attacker.example"})
+    # A name the host check lets through (a *.localhost one): links never repeat it.
+    response = client.get(url, headers={"Host": "attacker.localhost:8050"})
     assert response.status_code == 200, response.get_data(as_text=True)[:300]
     html = response.get_data(as_text=True)
-    assert "attacker.example" not in html and "http://" not in html
+    assert "attacker" not in html and "http://" not in html
     assert f"{key}=" not in html and "POST" not in html
 
 

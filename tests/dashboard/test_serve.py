@@ -8,7 +8,6 @@ import socket
 import pytest
 
 from dashboard.cli import main
-from dashboard.commands.serve import is_loopback
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.10", "::", "example.org"])
@@ -22,15 +21,7 @@ def test_non_loopback_host_without_token_is_refused(
     assert "--token" in err and "GRAPH_INSPECTOR_TOKEN" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize(("host", "loopback"), [
-    ("127.0.0.1", True), ("127.3.4.5", True), ("localhost", True), ("::1", True), ("[::1]", True),
-    ("0.0.0.0", False), ("10.0.0.8", False), ("::", False), ("gpu-node-07", False),
-])
-def test_loopback_detection(host: str, loopback: bool) -> None:
-    assert is_loopback(host) is loopback
-
-
-def test_a_port_in_use_is_a_clear_error(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_port_in_use_is_a_clear_error(db_url: str, store, capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

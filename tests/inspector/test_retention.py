@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sqlalchemy import func, select
+from sqlalchemy import Engine, event, func, select, update
 from workers import FULL, PIECEWISE, capture, fetch_rows
 
 from capture_core.descriptor import BatchDescriptor
+from dashboard.cli import main
 from inspector.gating.report import build_report, render_json
 from inspector.ranks.steps import StepSegment, stretches
 from inspector.reading.metrics import InspectorCollector
 from inspector.reading.queries import Queries
 from inspector.recording.batch import ReplayDelta, TrafficWindow, graph_key
+from inspector.storage import retention
 from inspector.storage.models import (
     BatchSizeCount,
     EagerFallback,
@@ -315,3 +318,87 @@ def test_step_sequences_fold_into_a_row_per_grain_with_every_step_kept(db_url: s
         assert prune(store, POLICY, now=NOW).rows_removed == 0
     finally:
         store.dispose()
+
+
+# ------------------------------------------------------------ two pruners at once, on PostgreSQL
+
+
+@contextmanager
+def another_writer_at_each_delete(url: str, meddle: Callable[[Store], None]) -> Iterator[list[int]]:
+    """Whenever a fold on ``url`` is about to delete the windows it summed, ``meddle`` commits a
+    change of those rows through a connection of its own first (as another pruner would); yields
+    the count of times it did."""
+    other = open_store(url, upgrade=False)
+    met: list[int] = []
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if conn.engine.url.database == other.engine.url.database and statement.startswith(
+                "DELETE FROM replay_windows") and conn.engine is not other.engine:
+            met.append(1)
+            meddle(other)
+
+    event.listen(Engine, "before_cursor_execute", before)
+    try:
+        yield met
+    finally:
+        event.remove(Engine, "before_cursor_execute", before)
+        other.dispose()
+
+
+@pytest.mark.postgres
+def test_a_prune_that_meets_another_on_postgresql_tries_again_and_folds_once(
+    postgres_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retention, "CONFLICT_BACKOFF_S", 0.0)
+    url = postgres_server.new_database()
+    store, once = open_store(url), open_store(postgres_server.new_database())
+    try:
+        _record(store, runs=1, seconds=2 * 3600, start=NOW - 2 * 3600)
+        _record(once, runs=1, seconds=2 * 3600, start=NOW - 2 * 3600)
+        before = _sums(store)
+        prune(once, POLICY, now=NOW)
+        conflicts: list[bool] = []
+        conflicted = retention._conflicted
+        monkeypatch.setattr(retention, "_conflicted", lambda error: conflicts.append(conflicted(error)) or
+                            conflicts[-1])
+        others: list[retention.FoldReport] = []
+        with another_writer_at_each_delete(url, lambda other: others.append(prune(other, POLICY, now=NOW))
+                                           if not others else None) as met:
+            report = prune(store, POLICY, now=NOW)
+        assert met == [1] and others[0].rows_removed > 0, "the other pruner folded that slice first"
+        assert conflicts == [True], "this one's fold failed on it, and was tried again"
+        assert report.rows_removed == 0 and report.line().startswith("nothing to fold")
+        assert _rows(store) == _rows(once), "folded once, as by one pruner"
+        assert _sums(store) | {"replays": None} == before | {"replays": None}
+    finally:
+        store.dispose()
+        once.dispose()
+
+
+@pytest.mark.postgres
+def test_db_prune_that_keeps_meeting_another_writer_says_so_in_one_line(
+    postgres_server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(retention, "CONFLICT_BACKOFF_S", 0.0)
+    url = postgres_server.new_database()
+    store = open_store(url)
+    try:  # windows of two hours ending an hour ago: `db prune` folds as of now
+        _record(store, runs=1, seconds=2 * 3600, start=(time.time() // 3600 - 3) * 3600)
+        rows = _rows(store)
+    finally:
+        store.dispose()
+
+    def touch(other: Store) -> None:
+        with other.engine.begin() as conn:
+            conn.execute(update(ReplayWindow).values(replays=ReplayWindow.replays))
+
+    with another_writer_at_each_delete(url, touch) as met:
+        assert main(["db", "prune", "--older-than", "1h", "--grain", "10m", "--db", url]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(met) == retention.FOLD_ATTEMPTS
+    assert len(err) == 1 and "kept meeting another writer" in err[0] and "run it again" in err[0], err
+    check = open_store(url, upgrade=False)
+    try:
+        assert _rows(check) == rows, "nothing was changed"
+    finally:
+        check.dispose()

@@ -9,6 +9,7 @@ checkout's daemon, or the wheel's install under $GRAPH_INSPECTOR_INSTALL (``test
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -30,6 +31,12 @@ def terminate(process: subprocess.Popen, grace: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(grace)
+
+
+def _ctrl_c_as_at_a_terminal() -> None:
+    """In the daemon's process, before it starts: SIGINT as a terminal's foreground job has it (a
+    test run in the background of a shell ignores SIGINT, and its children would inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class DaemonError(RuntimeError):
@@ -58,9 +65,10 @@ class Daemon:
     def start(self) -> Daemon:
         self._process = subprocess.Popen(
             self.command, cwd=self.program.cwd, env=self.env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1,
+            stderr=subprocess.STDOUT, text=True, bufsize=1, preexec_fn=_ctrl_c_as_at_a_terminal,
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + self.start_timeout
         while not self._found.wait(0.1):
             if self._process.poll() is not None or time.monotonic() > deadline:
@@ -77,6 +85,23 @@ class Daemon:
             if match and not self._found.is_set():
                 self.url = match.group(1)
                 self._found.set()
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rstrip("/").rsplit(":", 1)[1])
+
+    def send_signal(self, sig: int) -> None:
+        assert self._process is not None
+        self._process.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        """The daemon's exit status, once it has exited (``subprocess.TimeoutExpired`` after
+        ``timeout`` seconds); everything it printed is in ``output`` by then."""
+        assert self._process is not None
+        status = self._process.wait(timeout)
+        assert self._process.stdout is not None
+        self._reader.join(timeout)
+        return status
 
     def stop(self) -> None:
         if self._process is not None:
