@@ -170,6 +170,9 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
                              "reverse proxy forwards in its Host header; repeatable. Without a token, any "
                              "other name is refused (a guard against DNS rebinding); with a token, any name "
                              "is answered unless this lists them")
+    parser.add_argument("--create", action="store_true",
+                        help="create the SQLite file if it is not there (an empty database); without it, "
+                             "a missing file is an error, as a mistyped path usually is")
     parser.add_argument("--get", metavar="PATH",
                         help="answer one request in-process, print the body and exit (non-zero for an error "
                              "status): a smoke test, e.g. --get /api/summary")

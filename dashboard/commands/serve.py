@@ -3,8 +3,9 @@
 
 Loopback by default. Binding anywhere else exposes graph-cache internals and stack traces to the
 network, so it needs an access token (``--token`` or $GRAPH_INSPECTOR_TOKEN). Without a token it
-answers only to loopback names and those given with ``--allow-host`` (``dashboard.hosts``). With
-``--retain`` it also folds old traffic windows on a schedule (``inspector.storage.retention``).
+answers only to loopback names and those given with ``--allow-host`` (``dashboard.hosts``). It
+serves an existing database: a SQLite file that is not there is created only with ``--create``.
+With ``--retain`` it also folds old traffic windows on a schedule (``inspector.storage.retention``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ STOP_GRACE_S = 5.0
 
 
 def run(args: argparse.Namespace) -> int:
-    from inspector.errors import UsageError
+    from inspector.errors import DatabaseError, UsageError
+    from inspector.storage.store import missing_file
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if not args.get and not is_loopback(args.host) and not token:
@@ -40,6 +42,12 @@ def run(args: argparse.Namespace) -> int:
             f"and memory addresses. Pass --token (or set {TOKEN_ENV}), or bind to {DEFAULT_HOST}."
         )
     retention = _retention(args.retain, args.prune_every)
+    missing = missing_file(args.db)
+    if missing is not None and not args.create:
+        raise DatabaseError(
+            f"no database at {missing}: point --db (or $GRAPH_INSPECTOR_DB) at the one your engine's "
+            "Recorder writes, or pass --create to serve a new, empty one"
+        )
     if args.get:
         return get(args.db, args.get, token, args.allow_host)
     from dashboard.app import create_app

@@ -2,6 +2,9 @@
 replaced, made read-only or immutable. What the store checks, and how, so that none of it costs
 data or the engine's life (``inspector.storage.store`` raises the errors):
 
+- **not a file**: a path that is a directory, a device, a FIFO, a socket or a symlink loop is
+  refused before SQLite opens it (it would open ``/dev/null`` as an empty database and make a
+  ``-journal`` beside it);
 - **corruption**: ``PRAGMA quick_check`` (every page of every table and index read once, no index
   cross-check) before anything writes to or reports from a file;
 - **deleted or replaced**: the file's (device, inode) when opened against now, before and after
@@ -17,9 +20,11 @@ data or the engine's life (``inspector.storage.store`` raises the errors):
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sqlite3
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,30 @@ def identity(path: Path) -> FileIdentity | None:
     except OSError:
         return None
     return FileIdentity(st.st_dev, st.st_ino)
+
+
+_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+              (stat.S_ISSOCK, "a socket"))
+
+
+def not_a_file(path: Path) -> str | None:
+    """What ``path`` is when it cannot hold a database: ``a directory``, ``a character device``, ``a
+    symlink loop``... None for a regular file, or nothing there."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "a symlink loop"
+        if error.errno == errno.ENOTDIR:
+            return "under something that is not a directory"
+        return None  # what SQLite makes of it (permission denied, say) is told as its error
+    for kind, name in _NOT_FILES:
+        if kind(mode):
+            return name
+    return None if stat.S_ISREG(mode) else "not a regular file"
 
 
 def unwritable_files(path: Path) -> list[Path]:

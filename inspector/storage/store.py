@@ -31,6 +31,7 @@ from inspector.storage.sqlite_file import (
     FileIdentity,
     GuardedConnection,
     identity,
+    not_a_file,
     quick_check,
     unwritable_files,
 )
@@ -217,12 +218,13 @@ def open_store(
     path = sqlite_file(parsed)
     shown = parsed.render_as_string(hide_password=True)
     if path is not None:
+        kind = not_a_file(path)
+        if kind is not None:
+            raise DatabaseError(f"cannot open {shown}: {path} is {kind}, not a database file")
         if not path.parent.is_dir():
             raise StoreUnavailable(f"cannot open {shown}: the directory {path.parent} does not exist")
         if not upgrade and not path.exists():
             raise DatabaseError(f"no database at {path} (record a run first, or pass --db / set {ENV_VAR})")
-        if path.is_dir():
-            raise DatabaseError(f"cannot open {shown}: {path} is a directory")
     if path is not None and upgrade and unwritable_files(path):
         names = ", ".join(p.name for p in unwritable_files(path))
         raise StoreUnavailable(f"cannot write {shown}: {names} cannot be written (read-only, or immutable)")
@@ -293,7 +295,18 @@ def sqlite_file(url: URL | str) -> Path | None:
     database = url.database or ""
     if database in ("", ":memory:") or database.startswith("file:") or url.query.get("mode") == "memory":
         return None
-    return Path(database).expanduser().resolve()
+    # os.path.realpath, not Path.resolve: resolve raises on a symlink loop, which open_store refuses.
+    return Path(os.path.realpath(os.path.expanduser(database)))
+
+
+def missing_file(url: str | None) -> Path | None:
+    """The SQLite file ``url`` names (``resolve_url``'s) when nothing is there (a dangling symlink
+    included); None otherwise: it exists, it is something ``open_store`` refuses, or the URL is not
+    a SQLite file's."""
+    path = sqlite_file(resolve_url(url))
+    if path is None or not_a_file(path) is not None or path.exists():
+        return None
+    return path
 
 
 def _create_engine(url: URL, shown: str, busy_timeout_ms: int) -> Engine:

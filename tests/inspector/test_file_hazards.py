@@ -1,7 +1,9 @@
 """The SQLite file going wrong under running processes: deleted while a flush waits for the lock,
 made immutable (``chattr +i``, as root), corrupted in one page. Nothing is committed into a deleted
 file, the engine never dies, and a corrupt file is refused by every consumer and left byte for byte
-as it was. Real files, real locks, real processes."""
+as it was. A path that is no file at all (a symlink loop, a directory, a FIFO, a socket, a device)
+is refused by every command in one line, with nothing made beside it; `serve` refuses a missing
+file unless asked to create it. Real files, real locks, real processes."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -22,6 +26,8 @@ from sqlalchemy import func, select
 from workers import FULL, REPO, capture, child_env, drift, fetch_rows, locked
 
 from capture_core.descriptor import BatchDescriptor
+from dashboard.cli import main
+from inspector.errors import DatabaseError
 from inspector.recording.losses import sidecar_path
 from inspector.recording.recorder import Recorder
 from inspector.storage.models import Graph, ReplayWindow, Run, Violation
@@ -238,3 +244,76 @@ def test_a_sound_file_still_opens_after_the_check(tmp_path: Path) -> None:
     store.dispose()
     assert len(fetch_rows(f"sqlite:///{path}", select(Run.id))) == 2
     open_store(f"sqlite:///{path}", upgrade=False).dispose()
+
+
+# ------------------------------------------------------------------- paths that are not database files
+
+
+def _not_a_file(tmp_path: Path, kind: str) -> Path:
+    """A path in ``tmp_path`` that is ``kind``: a symlink loop, a directory, a FIFO, a socket or a
+    character device (the null device's numbers, made with mknod: root only)."""
+    path = tmp_path / "inspector.db"
+    if kind == "symlink loop":
+        os.symlink(tmp_path / "other.db", path)
+        os.symlink(path, tmp_path / "other.db")
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.close()
+    elif kind == "character device":
+        if os.geteuid() != 0:
+            pytest.skip("making a character device (mknod) needs root (CI runs as root)")
+        os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    return path
+
+
+NOT_FILES = ["symlink loop", "directory", "FIFO", "socket", "character device"]
+PATH_COMMANDS = {
+    "db upgrade": ["db", "upgrade"], "db current": ["db", "current"],
+    "db prune": ["db", "prune", "--older-than", "1h"], "report": ["report"], "advise": ["advise"],
+    "serve": ["serve", "--port", "0"], "serve --create": ["serve", "--create", "--port", "0"],
+    "serve --get": ["serve", "--get", "/healthz"],
+    "demo": ["demo", "--no-serve", "--backend", "eager", "--steps", "5"],
+}
+
+
+@pytest.mark.parametrize("kind", NOT_FILES)
+def test_every_command_refuses_a_path_that_is_not_a_file_in_one_line_and_makes_nothing_beside_it(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _not_a_file(tmp_path, kind)
+    before = sorted(os.listdir(tmp_path))
+    for name, command in PATH_COMMANDS.items():
+        assert main([*command, "--db", f"sqlite:///{path}"]) == 2, name
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and kind in lines[0] and "not a database file" in lines[0], (name, err)
+        assert out == "" or name == "demo", (name, out)
+        assert sorted(os.listdir(tmp_path)) == before, f"{name} made {sorted(os.listdir(tmp_path))}"
+
+
+@pytest.mark.parametrize("kind", NOT_FILES)
+def test_a_recorder_refuses_a_path_that_is_not_a_file(tmp_path: Path, kind: str) -> None:
+    path = _not_a_file(tmp_path, kind)
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(DatabaseError, match=f"is an? {kind}.*, not a database file"):
+        Recorder(f"sqlite:///{path}").start()
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_serve_refuses_a_missing_file_unless_asked_to_create_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "mistyped.db"
+    for command in (["serve", "--port", "0"], ["serve", "--get", "/healthz"]):
+        assert main([*command, "--db", f"sqlite:///{path}"]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and f"no database at {path}" in lines[0] and "--create" in lines[0], lines
+        assert os.listdir(tmp_path) == []
+    assert main(["serve", "--create", "--get", "/healthz", "--db", f"sqlite:///{path}"]) == 0
+    assert json.loads(capsys.readouterr().out)["data"]["schema"]["revision"] is not None
+    assert path.is_file()
