@@ -80,8 +80,10 @@ def check(route: str, answer: Answer) -> None:
         )
 
 
-def fetch(daemon: Daemon, url: str, token: str | None = None) -> Answer:
+def fetch(daemon: Daemon, url: str, token: str | None = None, host: str | None = None) -> Answer:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if host is not None:
+        headers["Host"] = host
     request = urllib.request.Request(daemon.url + url.lstrip("/"), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -121,7 +123,7 @@ def ids(seeded_template: tuple[Path, dict[str, int]]) -> dict[str, int]:
 
 
 def requests(ids: dict[str, int]) -> list[tuple[str, str]]:
-    """(route, URL) pairs that between them draw every documented answer but 401, 500 and 503."""
+    """(route, URL) pairs that between them draw every documented answer but 401, 403, 500 and 503."""
     run, graph, replayed, drift = ids["cuda_run"], ids["cuda_graph"], ids["eager_graph"], ids["drift"]
     cases = {
         "/api/summary": ["", f"?run={run}", "?run=999999", "?run=first"],
@@ -197,6 +199,11 @@ def test_real_answers_match_the_document(daemon: Daemon, guarded: Daemon, ids: d
             check(route, answer)
             seen[route].add(401)
             assert fetch(guarded, url, TOKEN).status != 401
+    for route, url in requests(ids):  # as a page that pointed its own name at the daemon asks
+        answer = fetch(daemon, url, host="rebound.example")
+        assert answer.status == 403, (url, answer)
+        check(route, answer)
+        seen[route].add(403)
     for route, answer in broken_answers(app, ids):
         check(route, answer)
         seen[route].add(answer.status)
