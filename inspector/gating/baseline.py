@@ -3,8 +3,11 @@
 ``Figures`` is what the regression gate (``inspector.gating.gate``) compares: each captured graph (mode,
 descriptor key, captured size, captures, pool bytes, capture seconds, replays), the traffic as
 ``TrafficTotals`` (so hit ratio and padding waste come from the one formula) and the eager batches
-by reason. They are read from a recorded run (``run_figures``), gathered from observer events by
-the pytest plugin (``FiguresCollector``), or loaded from a baseline file.
+by reason. A graph captured after start-up locked capture is an ``unexpected_capture`` violation,
+not part of the cache: it is kept apart (``Figures.unexpected``), so a baseline saved from a run
+with one (the demo plants one) never requires it. They are read from a recorded run
+(``run_figures``), gathered from observer events by the pytest plugin (``FiguresCollector``), or
+loaded from a baseline file.
 
 The file is small, sorted JSON meant to be committed (``docs/regression-gate.md`` describes it):
 
@@ -31,6 +34,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from capture_core.sizes import EagerReason
 from inspector.errors import UsageError
 from inspector.reading.traffic import TrafficTotals, eager_totals, integer_sum, replay_totals, run_traffic
 from inspector.storage.models import EagerTotal, Graph, ReplayTotal, Run
@@ -75,6 +79,8 @@ class Figures:
     """eager-fallback reason -> batches."""
     source: dict[str, Any] = field(default_factory=dict)
     """Where the figures come from: database, run, label, host, backend, device, saved_at."""
+    unexpected: dict[GraphKey, GraphFigures] = field(default_factory=dict)
+    """Graphs captured after start-up locked capture (violations): never compared, never saved."""
 
     @property
     def graph_count(self) -> int:
@@ -97,6 +103,12 @@ class Figures:
     def captured(self) -> dict[GraphKey, GraphFigures]:
         """The graphs captured (not those only seen replaying, whose capture went unrecorded)."""
         return {key: g for key, g in self.graphs.items() if g.captures}
+
+    @property
+    def batches_before_capture(self) -> int:
+        """Batches that ran eagerly because no capture phase had begun: with no graph captured, a
+        runtime configured to capture that never captured anything."""
+        return self.eager.get(EagerReason.BEFORE_CAPTURE_PHASE.value, 0)
 
     @property
     def described(self) -> str:
@@ -157,17 +169,18 @@ def run_figures(session: Session, run_id: int, database: str) -> Figures:
         "job": run.job, "backend": run.backend, "device": run.device, "started_at": run.started_at,
     })
     g = Graph
-    for mode, key, size, count, pool, seconds in session.execute(
-        select(g.mode, g.descriptor_key, func.max(g.captured_size), func.count(g.id),
+    for mode, key, unexpected, size, count, pool, seconds in session.execute(
+        select(g.mode, g.descriptor_key, g.unexpected, func.max(g.captured_size), func.count(g.id),
                integer_sum(g.pool_bytes), func.sum(g.capture_seconds))
         .where(g.run_id == run_id, g.discarded.is_(False))
-        .group_by(g.mode, g.descriptor_key)
+        .group_by(g.mode, g.descriptor_key, g.unexpected)
     ):
-        figures.graphs[(mode, key)] = GraphFigures(mode, key, size, count, pool or 0, seconds or 0.0)
+        into = figures.unexpected if unexpected else figures.graphs
+        into[(mode, key)] = GraphFigures(mode, key, size, count, pool or 0, seconds or 0.0)
     for (mode, key, size), traffic in replay_totals(
         session, ReplayTotal.mode, ReplayTotal.descriptor_key, ReplayTotal.captured_size, run_ids=[run_id]
     ).items():
-        graph = figures.graphs.get((mode, key))
+        graph = figures.graphs.get((mode, key)) or figures.unexpected.get((mode, key))
         if graph is None:  # replays of a graph whose capture was not recorded (a vanished file)
             graph = figures.graphs[(mode, key)] = GraphFigures(mode, key, size)
         graph.replays += traffic.replays
@@ -177,6 +190,19 @@ def run_figures(session: Session, run_id: int, database: str) -> Figures:
         for (reason,), (batches, _) in eager_totals(session, EagerTotal.reason, run_ids=[run_id]).items()
     }
     return figures
+
+
+def baseline_run_in(session: Session, baseline: Figures, database: str) -> int | None:
+    """The run of ``database`` that ``baseline`` was taken from, if it is still there: the same id
+    and the same process (host, start). Another database at the same URL (each CI run records into
+    a fresh ``ci.db``) has its own run 1, which is not the baseline's."""
+    source = baseline.source
+    if source.get("database") != database or not isinstance(source.get("run"), int):
+        return None
+    run = session.get(Run, source["run"])
+    if run is None or (run.host, run.started_at) != (source.get("host"), source.get("started_at")):
+        return None
+    return run.id
 
 
 def newest_run(session: Session, database: str, excluding: int | None = None) -> int:
@@ -202,7 +228,7 @@ class FiguresCollector:
         """key -> [replays, real tokens]."""
 
     def on_capture(self, event: Any) -> None:
-        graph = self._graph(event.mode.label, event.descriptor)
+        graph = self._graph(event.mode.label, event.descriptor, unexpected=event.unexpected)
         graph.captures += 1
         graph.pool_bytes += int(event.pool_bytes)
         graph.capture_seconds += float(event.capture_seconds)
@@ -219,11 +245,14 @@ class FiguresCollector:
         self.figures.traffic.eager_batches += 1
         self.figures.eager[reason.value] = self.figures.eager.get(reason.value, 0) + 1
 
-    def _graph(self, mode: str, descriptor: Any) -> GraphFigures:
+    def _graph(self, mode: str, descriptor: Any, unexpected: bool = False) -> GraphFigures:
         key = (mode, descriptor.key)
         graph = self.figures.graphs.get(key)
+        if graph is None and not unexpected:
+            graph = self.figures.unexpected.get(key)  # replays of a graph captured unexpectedly
         if graph is None:
-            graph = self.figures.graphs[key] = GraphFigures(mode, descriptor.key, descriptor.captured_size)
+            into = self.figures.unexpected if unexpected else self.figures.graphs
+            graph = into[key] = GraphFigures(mode, descriptor.key, descriptor.captured_size)
         return graph
 
 
@@ -231,13 +260,14 @@ def merge(parts: list[Figures], source: Mapping[str, Any]) -> Figures:
     """Figures of several parts (the tests of a session) summed into one."""
     merged = Figures(source=dict(source))
     for part in parts:
-        for key, graph in part.graphs.items():
-            into = merged.graphs.setdefault(key, GraphFigures(graph.mode, graph.descriptor_key,
-                                                              graph.captured_size))
-            into.captures += graph.captures
-            into.pool_bytes += graph.pool_bytes
-            into.capture_seconds += graph.capture_seconds
-            into.replays += graph.replays
+        for graphs, merged_graphs in ((part.graphs, merged.graphs), (part.unexpected, merged.unexpected)):
+            for key, graph in graphs.items():
+                into = merged_graphs.setdefault(key, GraphFigures(graph.mode, graph.descriptor_key,
+                                                                  graph.captured_size))
+                into.captures += graph.captures
+                into.pool_bytes += graph.pool_bytes
+                into.capture_seconds += graph.capture_seconds
+                into.replays += graph.replays
         merged.traffic.add(part.traffic)
         for reason, batches in part.eager.items():
             merged.eager[reason] = merged.eager.get(reason, 0) + batches

@@ -22,6 +22,7 @@ from typing import Any
 
 from inspector.errors import UsageError
 from inspector.gating.baseline import Figures, GraphFigures, by_size
+from inspector.reading.traffic import never_captured_line
 
 MIB = 1 << 20
 
@@ -226,15 +227,20 @@ def _change(before: float, after: float, show: Callable[[float], str]) -> str:
 
 
 def _captured_graphs(baseline: Figures, candidate: Figures, limits: dict) -> Comparison:
+    """Fails on a graph key of the baseline not captured, and on a candidate that captured nothing at
+    all while its batches waited for a capture phase (against any baseline, one as empty too)."""
     before, after = baseline.captured, candidate.captured
     missing = by_size(before[k] for k in before.keys() - after.keys())
     added = by_size(after[k] for k in after.keys() - before.keys())
     allow_added = limits["captured_graphs.allow_added"]
-    failed = bool(missing) or (bool(added) and not allow_added)
+    never_captured = not after and candidate.batches_before_capture > 0
+    failed = bool(missing) or (bool(added) and not allow_added) or never_captured
     summary = (f"{len(before)} graph keys in the baseline, {len(after)} now: "
                f"{len(missing)} missing, {len(added)} added"
                f"{'' if allow_added else ' (added graphs fail: captured_graphs.allow_added = false)'}")
     details = tuple(f"missing: {g.name}" for g in missing) + tuple(f"added: {g.name}" for g in added)
+    if never_captured:
+        summary = f"{candidate.described} {never_captured_line(candidate.batches_before_capture)}; " + summary
     return Comparison("captured_graphs", "Captured graphs", REGRESSION if failed else PASS, summary, details)
 
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from sqlalchemy import BigInteger, ColumnElement, cast, func, select
 
-from inspector.storage.models import EagerTotal, ReplayTotal
+from capture_core.sizes import EagerReason
+from inspector.storage.models import EagerTotal, Graph, ReplayTotal
 from inspector.storage.store import Reader
 
 
@@ -116,3 +117,24 @@ def traffic_per_run(db: Reader, run_ids: Sequence[int]) -> dict[int, TrafficTota
         traffic.eager_batches = eager.get((run_id,), (0, 0))[0]
         found[run_id] = traffic
     return found
+
+
+def never_captured(db: Reader, run_ids: Sequence[int] | None = None) -> dict[int, int]:
+    """The runs (of ``run_ids``, every run when None) that captured no graph while their batches asked
+    for one: run id -> the batches that ran eagerly because no capture phase had begun. A runtime
+    configured to capture whose engine never opened ``runtime.capture_phase()`` runs everything
+    eagerly, and no other figure says so."""
+    waiting = eager_totals(db, EagerTotal.run_id, EagerTotal.reason, run_ids=run_ids)
+    found = {run_id: batches for (run_id, reason), (batches, _) in waiting.items()
+             if reason == EagerReason.BEFORE_CAPTURE_PHASE.value and batches}
+    if not found:
+        return {}
+    captured = set(db.scalars(select(Graph.run_id).distinct()
+                              .where(Graph.run_id.in_(list(found)), Graph.discarded.is_(False))))
+    return {run_id: batches for run_id, batches in found.items() if run_id not in captured}
+
+
+def never_captured_line(batches: int) -> str:
+    """What a run that captured no graph is told, wherever it is shown."""
+    return (f"captured no graph: its {batches:,} batch(es) ran eagerly, before any capture phase. Graphs "
+            "are captured only inside `with runtime.capture_phase():` (a runner's capture() opens one)")

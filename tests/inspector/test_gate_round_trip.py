@@ -16,7 +16,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 
+from capture_core.runtime import UnexpectedCapturePolicy
 from tests.support.cli import cli
 from tests.support.engine import MIB, decode_run
 
@@ -163,3 +165,123 @@ def test_gate_usage_errors_are_clear_and_exit_2(
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# Capture time on a loaded two-core test machine swings by seconds; what these tests judge is which
+# run is compared and the graphs it captured, so capture time may not decide them.
+CAPTURE_TIME_IS_NOT_JUDGED = ("--threshold", "capture_time.absolute_seconds=3600",
+                              "--threshold", "capture_time.per_graph_absolute_seconds=3600")
+
+
+def _remove_database(url: str) -> None:
+    path = Path(url.removeprefix("sqlite:///"))
+    for suffix in ("", "-wal", "-shm", ".losses"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+
+
+def test_each_ci_run_records_a_fresh_database_at_the_baselines_url_and_is_judged(tmp_path: Path) -> None:
+    # docs/regression-gate.md's flow: the baseline saved once from ci.db, then every CI run records
+    # into a new ci.db (a fresh checkout) and gates it. Its run 1 is not the baseline's run 1.
+    url = f"sqlite:///{tmp_path / 'ci.db'}"
+    decode_run(url, SIZES, BATCHES, label="release 1")
+    saved = cli("report", "--db", url, "--save-baseline", str(tmp_path / "base.json"))
+    assert saved.returncode == 0, saved.stderr
+    only_the_baseline = against(url, tmp_path / "base.json")
+    assert only_the_baseline.returncode == 2, "the same database with no other run: nothing to judge"
+    assert f"no runs recorded in {url} besides the baseline run" in only_the_baseline.stderr
+
+    _remove_database(url)
+    decode_run(url, SIZES, BATCHES, label="next CI run")
+    same = against(url, tmp_path / "base.json", *CAPTURE_TIME_IS_NOT_JUDGED)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert f"Regression gate: run 1 'next CI run' ({url}) against {tmp_path / 'base.json'}" in same.stdout
+
+    _remove_database(url)
+    decode_run(url, WITHOUT_8, BATCHES, label="a CI run that lost a size")
+    report = tmp_path / "graph-report.xml"
+    lost = against(url, tmp_path / "base.json", *CAPTURE_TIME_IS_NOT_JUDGED, "--format", "junit",
+                   "--output", str(report))
+    assert lost.returncode == 1, lost.stdout + lost.stderr
+    assert set(_failed_cases(report)) == {"Captured graphs"}
+    assert f"missing: {EIGHT} (captured size 8)" in _failed_cases(report)["Captured graphs"]
+
+
+def _run_with_an_unexpected_capture(url: str) -> None:
+    from inspector import Recorder
+    from tests.support.engine import decode_engine, decode_step
+
+    with Recorder(url, label="demo-like", job="") as recorder:
+        runner = decode_engine(SIZES, recorder)
+        runner.runtime.unexpected_capture = UnexpectedCapturePolicy.CAPTURE
+        for num_tokens in BATCHES:
+            decode_step(runner, num_tokens)
+        planted = runner.inject_unexpected_capture()
+    assert planted.captured_size not in SIZES
+
+
+def test_a_baseline_saved_from_a_run_with_an_unexpected_capture_does_not_require_that_graph(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'faulty.db'}"
+    _run_with_an_unexpected_capture(url)
+    saved = cli("report", "--db", url, "--save-baseline", str(tmp_path / "base.json"))
+    assert saved.returncode == 1, "the unexpected capture is a violation"
+    assert "left out of the baseline: 1 graph(s) captured after start-up locked capture (full tokens=" in (
+        saved.stderr)
+    assert (f"the baseline was written to {tmp_path / 'base.json'} all the same (it holds the graphs, "
+            "not the violations); the exit status 1 is for the violations above") in saved.stderr
+    payload = json.loads((tmp_path / "base.json").read_text())
+    assert [g["captured_size"] for g in payload["graphs"]] == SIZES
+
+    clean = f"sqlite:///{tmp_path / 'clean.db'}"
+    decode_run(clean, SIZES, BATCHES, label="the same engine, no fault")
+    judged = against(clean, tmp_path / "base.json", *CAPTURE_TIME_IS_NOT_JUDGED)
+    assert judged.returncode == 0, judged.stdout
+    assert "PASS captured graphs: 5 graph keys in the baseline, 5 now: 0 missing, 0 added" in judged.stdout
+
+
+def _run_that_never_captured(url: str) -> None:
+    """What the README's wrapper example did before it opened a capture phase: a runtime configured
+    to capture FULL graphs, five batches, no capture phase."""
+    from capture_core import BatchDescriptor, CUDAGraphMode, CUDAGraphWrapper, GraphRuntime
+    from capture_core.forward_context import set_forward_context
+    from inspector import Recorder
+
+    with Recorder(url, label="no capture phase", job="") as recorder:
+        runtime = GraphRuntime("eager", observer=recorder, progress=False)
+        wrapped = CUDAGraphWrapper(lambda x: x * 2, runtime)
+        static = torch.zeros(8)
+        for size in (1, 2, 4, 8, 8):
+            with set_forward_context(CUDAGraphMode.FULL, BatchDescriptor(size)):
+                wrapped(static[:size])
+
+
+NEVER_CAPTURED = ("captured no graph: its 5 batch(es) ran eagerly, before any capture phase. Graphs are "
+                  "captured only inside `with runtime.capture_phase():` (a runner's capture() opens one)")
+
+
+def test_a_run_that_captured_no_graph_is_warned_about_and_fails_the_gate(
+    baseline: tuple[str, Path], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'eager.db'}"
+    _run_that_never_captured(url)
+    text = cli("report", "--db", url)
+    assert text.returncode == 0, "a warning, not a violation"
+    assert f"    warning: {NEVER_CAPTURED}" in text.stdout
+    payload = json.loads(cli("report", "--db", url, "--format", "json").stdout)
+    assert payload["runs"][0]["warnings"] == [NEVER_CAPTURED]
+    cli("report", "--db", url, "--format", "junit", "--output", str(tmp_path / "r.xml"))
+    [case] = ET.parse(tmp_path / "r.xml").getroot().iter("testcase")
+    assert case.findtext("system-out") == f"warning: {NEVER_CAPTURED}"
+
+    # A baseline saved from such a run requires no graph; the next run like it fails all the same.
+    saved = cli("report", "--db", url, "--save-baseline", str(tmp_path / "empty.json"))
+    assert saved.returncode == 0
+    assert f"the baseline holds no graph: run 1 'no capture phase' ({url}) {NEVER_CAPTURED}" in saved.stderr
+    next_run = f"sqlite:///{tmp_path / 'next.db'}"
+    _run_that_never_captured(next_run)
+    for against_what in (baseline[1], tmp_path / "empty.json"):
+        judged = against(next_run, against_what, "--format", "junit", "--output", str(tmp_path / "gate.xml"))
+        assert judged.returncode == 1, judged.stderr
+        failed = _failed_cases(tmp_path / "gate.xml")
+        assert f"run 1 'no capture phase' ({next_run}) {NEVER_CAPTURED}" in failed["Captured graphs"]
