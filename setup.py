@@ -1,10 +1,14 @@
-"""The build step that puts the dashboard's chart library into the wheel (metadata: pyproject.toml).
+"""The build step that puts the dashboard's chart library and the database migrations into the wheel
+(metadata: pyproject.toml).
 
 The chart library (Chart.js) comes from npm, pinned by ``dashboard/assets/package-lock.json``, and
 is never committed. Building a wheel runs ``npm ci`` on a copy of that lock file in a scratch folder
 and copies ``chart.umd.js`` (with its licence) to ``dashboard/vendor/`` inside the wheel, where the
 installed daemon finds it. The checkout is never written to. An editable install (``pip install
 -e``, scripts/setup) skips this: it serves the checkout's own ``dashboard/assets/node_modules``.
+
+The Alembic migrations live in the checkout's top-level ``migrations`` folder; the wheel carries
+them as ``inspector/migrations`` (files, found by path), never as a package named ``migrations``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.errors import SetupError
 
+MIGRATIONS = Path("migrations")
+MIGRATION_FILES = ("env.py", "script.py.mako", "versions/*.py")
+INSTALLED_MIGRATIONS = Path("inspector") / "migrations"
+"""Where the wheel carries them: found by path from the inspector package (``inspector.schema``),
+so the wheel installs nothing under the bare name ``migrations`` for a project's own to meet."""
 ASSETS = Path("dashboard") / "assets"
 VENDOR = Path("dashboard") / "vendor"
 CHART_FILES = {"dist/chart.umd.js": "chart.umd.js", "LICENSE.md": "chart.js-LICENSE.md"}
@@ -47,13 +56,29 @@ def bundle_chart_library(target: Path) -> list[str]:
         return copied
 
 
+def copy_migrations(target: Path) -> list[str]:
+    """The checkout's top-level ``migrations`` folder (Alembic's env.py, its template, the revisions)
+    into ``target``: files read by path, not a package."""
+    copied = []
+    for pattern in MIGRATION_FILES:
+        for source in sorted(MIGRATIONS.glob(pattern)):
+            destination = target / source.relative_to(MIGRATIONS)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, destination)
+            copied.append(str(destination))
+    return copied
+
+
 class BuildPyWithChartLibrary(build_py):
-    """``build_py``, then the chart library into the build folder (not for editable installs)."""
+    """``build_py``, then the chart library and the migrations into the build folder (not for
+    editable installs: they read the checkout's)."""
 
     def run(self) -> None:
         super().run()
         if not self.editable_mode:
-            self._bundled = bundle_chart_library(Path(self.build_lib) / VENDOR)
+            built = Path(self.build_lib)
+            self._bundled = bundle_chart_library(built / VENDOR)
+            self._bundled += copy_migrations(built / INSTALLED_MIGRATIONS)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         return [*super().get_outputs(include_bytecode), *getattr(self, "_bundled", [])]

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from capture_core.descriptor import BatchDescriptor
-from capture_core.events import ViolationKind
+from capture_core.events import ViolationEvent, ViolationKind
 from capture_core.modes import CUDAGraphMode
 
 DEBUG_ENV = "GRAPH_INSPECTOR_DEBUG"
@@ -37,7 +37,13 @@ DEBUG_ENV = "GRAPH_INSPECTOR_DEBUG"
 
 
 class GraphCacheError(RuntimeError):
-    """A misuse of the graph cache that the caller must fix; the message says how."""
+    """A misuse of the graph cache that the caller must fix; the message says how. ``events`` are the
+    violations it was raised for (their graph, input, addresses and stack), when it was raised for
+    one: what a test runner reports it as."""
+
+    def __init__(self, message: str, events: Sequence[ViolationEvent] = ()) -> None:
+        super().__init__(message)
+        self.events = tuple(events)
 
 
 class GraphCheckError(GraphCacheError):

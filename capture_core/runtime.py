@@ -207,9 +207,9 @@ class GraphRuntime:
             f"and capture was locked at the end of start-up; policy {policy.value!r} {outcome}. "
             "Add this size to the capture sizes so it is captured at start-up."
         )
-        self.report(ViolationKind.UNEXPECTED_CAPTURE, wrapper, mode, descriptor, message)
+        event = self.report(ViolationKind.UNEXPECTED_CAPTURE, wrapper, mode, descriptor, message)
         if policy is UnexpectedCapturePolicy.RAISE:
-            raise UnexpectedCaptureError(message)
+            raise UnexpectedCaptureError(message, [event])
         if policy is UnexpectedCapturePolicy.EAGER:
             self.observer.on_eager(EagerReason.UNEXPECTED_CAPTURE, num_real_tokens, mode)
             return CaptureDecision.EAGER
@@ -259,16 +259,18 @@ class GraphRuntime:
         """One event per finding of a replay check; then, in DEBUG mode, raise the error of the first
         one's kind (``AddressDriftError``, ``LayoutMismatchError``, ...) naming every such finding."""
         stack = caller_stack()
-        for finding in findings:
-            message = finding_message(wrapper, mode, descriptor, [finding])
+        events = [
             self.report(
-                finding.kind, wrapper, mode, descriptor, message, stack,
+                finding.kind, wrapper, mode, descriptor,
+                finding_message(wrapper, mode, descriptor, [finding]), stack,
                 input_name=finding.name, expected_address=finding.expected_address,
                 actual_address=finding.actual_address, max_abs_error=finding.max_abs_error,
                 max_rel_error=finding.max_rel_error,
             )
+            for finding in findings
+        ]
         if findings and self.address_check is AddressCheckMode.DEBUG:
-            raise ERRORS[findings[0].kind](finding_message(wrapper, mode, descriptor, findings))
+            raise ERRORS[findings[0].kind](finding_message(wrapper, mode, descriptor, findings), events)
 
     def capture_all(
         self,

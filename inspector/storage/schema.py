@@ -1,6 +1,6 @@
 """The database schema's version: Alembic, driven in code so an installed package migrates itself.
 
-No alembic.ini is needed: the ``Config`` is built here and points at the ``migrations`` package.
+No alembic.ini is needed: the ``Config`` is built here and points at the migrations' folder.
 Upgrades run on a connection whose transaction the caller holds (see ``Store.upgrade``), which is
 how concurrent starters (four ranks at once) serialise on one database.
 """
@@ -23,9 +23,19 @@ VERSION_TABLE = "alembic_version"
 
 
 def migrations_dir() -> Path:
-    import migrations
+    """The Alembic revisions, found by path from this package, never imported by name (a project with
+    a ``migrations`` package of its own would shadow them): ``inspector/migrations`` in an installed
+    wheel (``setup.py`` puts them there, so the wheel installs nothing named ``migrations``), else the
+    checkout's top-level ``migrations`` folder beside ``inspector``."""
+    import inspector
 
-    return Path(migrations.__file__).resolve().parent
+    package = Path(inspector.__file__).resolve().parent
+    folders = (package / "migrations", package.parent / "migrations")
+    for folder in folders:
+        if (folder / "env.py").is_file():
+            return folder
+    raise DatabaseError(f"graph-inspector's database migrations are missing (no env.py in {folders[0]} nor "
+                        f"in {folders[1]}); reinstall graph-inspector")
 
 
 def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
@@ -47,7 +57,7 @@ def script_directory() -> ScriptDirectory:
 
 def head_revision() -> str:
     head = script_directory().get_current_head()
-    assert head is not None, "the migrations package has no revisions"
+    assert head is not None, f"no migration revisions in {migrations_dir()}"
     return head
 
 
