@@ -5,7 +5,8 @@ the clean traffic:
 * Clean traffic through the decode runner, the mixed-batch runner (FULL decode graphs and PIECEWISE
   mixed graphs) and the micro-batched decode runner, on the tiny reference decoder: ``--replays``
   replays each (10,000 by default) with every check always on and the canary on one replay in 100,
-  then ``--debug-replays`` in debug mode (every check, the sentinel and the canary on every replay).
+  then ``--debug-replays`` in debug mode (every check, the per-step comparison and the canary on
+  every replay).
   Every violation would be a false alarm: the target is none. This part may spend 65% of the budget
   (the always-on runs three quarters of it); the others fit what is left.
 * The planted faults of the test suite (``tests/support/faults.py``: a fresh input, another layout, a

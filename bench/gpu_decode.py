@@ -475,7 +475,7 @@ def check_host_us(runner: DecodeRunner, batch: int, *, quick: bool) -> float:
     calls, repeats = (200, 3) if quick else (2000, 15)
     written = lagging(entry.checks.per_step)  # the step's writes, so the stale-input terms pass
     per_call = host_us_per_call(
-        lambda: (written(), entry.guard(args, kwargs)),
+        lambda: (written(), entry.guard(args, kwargs, batch)),  # a full batch: no padding row
         calls=calls,
         repeats=repeats,
         device=torch.device("cpu"),

@@ -57,13 +57,28 @@ class GraphBackend(abc.ABC):
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         warmup_iters: int,
+        prologue: Callable[[], None] | None = None,
     ) -> CapturedGraph:
-        """Warm up ``fn`` ``warmup_iters`` times, then capture one call; ``outputs`` hold its results."""
+        """Warm up ``fn`` ``warmup_iters`` times, then capture one call; ``outputs`` hold its results.
+
+        ``prologue`` is the checks' own work, captured with every call (the per-step inputs copied
+        into their shadows): it reads the inputs, writes only its own tensors, and returns nothing."""
         self.check(fn, args, kwargs)
+        if prologue is not None:
+            fn = self.with_prologue(fn, prologue)
         with self.warming_up() as started:
             for _ in range(warmup_iters):
                 fn(*args, **kwargs)
         return self.record(fn, args, kwargs, started)
+
+    def with_prologue(self, fn: Callable[..., Any], prologue: Callable[[], None]) -> Callable[..., Any]:
+        """``fn`` that runs ``prologue`` first (a backend may run it beside ``fn`` instead)."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            prologue()
+            return fn(*args, **kwargs)
+
+        return run
 
     def check(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Refuse a capture this backend cannot make (the default refuses none)."""
@@ -152,6 +167,7 @@ class CudaGraphBackend(GraphBackend):
         self.shared_pool = shared_pool
         self._pool: tuple[int, int] | None = None
         self._side_stream: torch.cuda.Stream | None = None
+        self._prologue_stream: torch.cuda.Stream | None = None
         # pool -> (device-wide reserved bytes, the pool's reserved bytes) right after its last
         # capture: lets the next capture skip one walk of the allocator snapshot when nothing was
         # reserved or released anywhere since.
@@ -169,6 +185,26 @@ class CudaGraphBackend(GraphBackend):
 
     def check(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         _require_cuda_work(fn, args, kwargs)
+
+    def with_prologue(self, fn: Callable[..., Any], prologue: Callable[[], None]) -> Callable[..., Any]:
+        """``fn`` with ``prologue`` forked onto a side stream and joined at the end: the checks' copies
+        run beside the model's kernels and add no time to the graph's critical path. (The prologue
+        only reads what the step reads before the step runs; an input the graph itself writes in
+        place would race with it, and is no per-step input: the engine writes those between steps.)"""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            main = torch.cuda.current_stream()
+            side = self._prologue_stream
+            if side is None:
+                side = self._prologue_stream = torch.cuda.Stream()
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                prologue()
+            outputs = fn(*args, **kwargs)
+            main.wait_stream(side)
+            return outputs
+
+        return run
 
     @contextmanager
     def warming_up(self) -> Iterator[float]:

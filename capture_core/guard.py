@@ -6,9 +6,10 @@ are sampled (``canary.Sampling``). ``ReplayChecks`` holds them for one graph and
 *guard* from them: a single generated function whose body is a flat run of comparisons -
 ``args[0] is <captured tensor> and args[3][2][0] is <captured tensor> and ...``, the module
 registration count against the one last checked, each per-step input's version counter against
-its last replay's, and a countdown to the next sampled replay. Identity tests and integer
-compares: the cheapest questions Python can ask, with no loop, no attribute chain worked out at
-replay, no allocation.
+its last replay's, whether this step's padding rows held real tokens at their last replay (the
+newest row-status entry: same size, and at least as many real tokens), and a countdown to the next
+sampled replay. Identity tests and integer compares: the cheapest questions Python can ask, with no
+loop, no attribute chain worked out at replay, no allocation.
 
 When the guard says yes, the replay goes ahead and the counters move on. When it says no (or in
 debug mode, always), ``inspect`` looks closer and says what is wrong, if anything: a fresh view
@@ -29,7 +30,8 @@ from capture_core.state import REGISTRATIONS, ModuleState
 _NEVER = 1 << 62
 """A countdown that never runs out (no replay after this one is sampled)."""
 
-Guard = Callable[[tuple[Any, ...], dict[str, Any]], bool]
+Guard = Callable[[tuple[Any, ...], dict[str, Any], int], bool]
+"""``clean(args, kwargs, real)``: ``real`` is the step's real token count (the forward context's)."""
 
 
 class ReplayChecks:
@@ -80,10 +82,11 @@ class ReplayChecks:
         self._armed = self.countdown[0] = _NEVER if gap is None else gap
 
     def inspect(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], debug: bool
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], real: int, debug: bool
     ) -> tuple[list[Finding], bool]:
-        """The closer look at one replay: what is wrong, and whether it is a sampled replay (whose
-        checks also re-read what the guard takes on trust, and which the canary may run on)."""
+        """The closer look at one replay of ``real`` real tokens: what is wrong, and whether it is a
+        sampled replay (whose checks also re-read what the guard takes on trust, and which the canary
+        may run on)."""
         sampled = debug or self.countdown[0] <= 1
         findings: list[Finding] = []
         if self.check_inputs:
@@ -91,9 +94,7 @@ class ReplayChecks:
         if self.state is not None and (sampled or self.state.checked_at[0] != REGISTRATIONS[0]):
             findings += self.state.find_changes()
         if self.per_step is not None:
-            seen = {f.name for f in findings} | self.per_step.displaced(args, kwargs)
-            stale = self.per_step.stale_by_sentinel if debug else self.per_step.stale_by_version
-            findings += stale(seen)
+            findings += self.per_step.inspect(args, kwargs, real, debug, self.replays + 1)
         self._arm(self.replays + 1)
         return findings, sampled
 
@@ -124,10 +125,16 @@ class ReplayChecks:
             same += [self._same(spec, bind) for spec in self.layout.inputs]
         if self.state is not None:
             same.append(f"{bind(REGISTRATIONS)}[0] == {bind(self.state.checked_at)}[0]")
-        terms = self.per_step.guard_terms() if self.per_step is not None else []
+        per_step = self.per_step
+        terms = per_step.guard_terms() if per_step is not None else []
         versions = [(bind(tensor), bind(cell)) for tensor, cell in terms]
+        rows = per_step.rows if per_step is not None else None
+        if rows is not None:  # the newest row status: this size, and no padding row that held a token
+            same.append(f"(top := {bind(rows.entries)}[-1])[0] == {per_step.size} and real >= top[1]")
         countdown = bind(self.countdown)
-        lines = ["def clean(args, kwargs):"]
+        lines = ["def clean(args, kwargs, real):"]
+        if per_step is not None and per_step.always_look:  # an input without a counter: always compare
+            lines.append("    return False")
         if same:
             lines += ["    try:", f"        if not ({' and '.join(same)}):", "            return False",
                       "    except Exception:", "        return False"]
@@ -137,6 +144,8 @@ class ReplayChecks:
             lines += [f"    if {stale}:", "        return False"]
         lines += [f"    if {countdown}[0] <= 1:", "        return False", f"    {countdown}[0] -= 1"]
         lines += [f"    {cell}[0] = v{i}" for i, (_, cell) in enumerate(versions)]
+        if rows is not None:
+            lines.append("    top[1] = real")
         lines.append("    return True")
         source = "\n".join(lines) + "\n"
         namespace = dict(bound)

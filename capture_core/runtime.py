@@ -45,8 +45,8 @@ from capture_core.events import CaptureEvent, GraphObserver, NullObserver, Viola
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.progress import ProgressBar
+from capture_core.shadows import StepBuffers
 from capture_core.sizes import EagerReason
-from capture_core.stale import VersionCells
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,8 @@ class GraphRuntime:
         """Which replays of each graph get the closer look (set before capture: graphs keep theirs)."""
         self.canary = canary
         """Run the replay-vs-eager canary on sampled replays (debug mode runs it on every replay)."""
-        self.version_cells = VersionCells()
+        self.step_buffers = StepBuffers(self.report_findings)
+        """The per-step input buffers of every graph: versions, shadows, which rows held tokens."""
         self.unexpected_capture = UnexpectedCapturePolicy.parse(unexpected_capture)
         self.warmup_iters = warmup_iters
         self.observer: GraphObserver = observer if observer is not None else NullObserver()
@@ -271,6 +272,13 @@ class GraphRuntime:
         ]
         if findings and self.address_check is AddressCheckMode.DEBUG:
             raise ERRORS[findings[0].kind](finding_message(wrapper, mode, descriptor, findings), events)
+
+    def settle_checks(self) -> None:
+        """Read back every per-step comparison still on its way from the device and report what it
+        found. On CUDA in always-on mode a comparison is read at its group's next closer look
+        without a sync; call this at the end of serving (or before asserting on the events) to have
+        the last one too. It waits for the device."""
+        self.step_buffers.settle()
 
     def capture_all(
         self,

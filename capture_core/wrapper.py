@@ -16,9 +16,11 @@ its pass of segment graphs on the call's inputs.
 
 Every replay check is written here once (see ``capture_core.checks``): each graph's generated guard
 (``capture_core.guard``) runs on every always-on replay; when it says no, on sampled replays and on
-every debug replay the closer look runs, then the canary where it is on, and in debug mode the
-per-step inputs are left holding a sentinel. The common replay path is a dictionary lookup, the
-guard and one observer call: it is benchmarked against a bare ``replay()`` (``bench/gpu_overhead.py``).
+every debug replay the closer look runs, then the canary where it is on. A graph with per-step
+inputs copies them into their shadows as part of its own work (``capture_core.stale``), so the
+closer look can tell a written input from a stale one whatever wrote it. The common replay path is a
+dictionary lookup, the guard and one observer call: it is benchmarked against a bare ``replay()``
+(``bench/gpu_overhead.py``).
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ class GraphEntry:
     captured_at: float = field(default_factory=time.time)
     checks: ReplayChecks = field(init=False, repr=False)
     """What its replays are checked against (set by the wrapper that captured it)."""
-    guard: Callable[[tuple[Any, ...], dict[str, Any]], bool] = field(init=False, repr=False)
+    guard: Callable[[tuple[Any, ...], dict[str, Any], int], bool] = field(init=False, repr=False)
     """``checks.clean``, held here: the replay path reads it on every call."""
+    per_step: PerStepInputs | None = field(default=None, repr=False)
+    """The graph's per-step inputs, when it has any (their snapshot is captured into the graph)."""
 
     runs_pass: ClassVar[bool] = False
     """True for an entry replayed by ``graph.run(args, kwargs)`` (a pass of segment graphs) rather
@@ -112,6 +116,25 @@ class GraphEntry:
             captured_at=self.captured_at,
             unchecked_inputs=self.checks.unchecked,
         )
+
+
+class SnapshotFirst:
+    """A graph held without the per-step inputs' snapshot inside it (a pass of segment graphs, a graph
+    an engine captured itself): the snapshot runs first, eagerly, at each replay."""
+
+    def __init__(self, graph: Any, snapshot: Callable[[], None]) -> None:
+        self.graph, self.snapshot = graph, snapshot
+
+    def __getattr__(self, name: str) -> Any:  # outputs, capture_seconds, pool_bytes, ...
+        return getattr(self.graph, name)
+
+    def replay(self) -> None:
+        self.snapshot()
+        self.graph.replay()
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.snapshot()
+        return self.graph.run(args, kwargs)
 
 
 class GraphCall(NamedTuple):
@@ -186,8 +209,11 @@ class CUDAGraphWrapper:
     a call's step writes (``Written``: the canary then keeps and compares only that region, and a
     checksum of the rest; None: copied whole). Names are as capture records show them; a name picks
     that input and everything inside it. ``compared(name, tensor, context)`` picks what of an output
-    or a mutated input the canary compares (default: all of it). An owner capturing on a wrapper's behalf
-    sets ``decision`` for the duration, instead of the wrapper asking the runtime's capture guard.
+    or a mutated input the canary compares (default: all of it). ``padding_rewritten`` says the step
+    rewrites the padding rows of its per-step inputs (checked: a padding row still holding an earlier
+    step's real token is a stale input); False declares an engine that leaves them as they are (its
+    kernels never read them). An owner capturing on a wrapper's behalf sets ``decision`` for the
+    duration, instead of the wrapper asking the runtime's capture guard.
     """
 
     def __init__(
@@ -203,6 +229,7 @@ class CUDAGraphWrapper:
         per_step_inputs: Sequence[str] = (),
         mutated_inputs: MutatedInputs = None,
         compared: CanaryPart | None = None,
+        padding_rewritten: bool = True,
     ) -> None:
         if runtime_mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
             raise ValueError(f"a graph wrapper serves FULL or PIECEWISE batches, not {runtime_mode.name}")
@@ -227,6 +254,7 @@ class CUDAGraphWrapper:
             else dict.fromkeys(mutated_inputs)
         )
         self.compared = compared
+        self.padding_rewritten = padding_rewritten
         self.decision: CaptureDecision | None = None
         self._graphs: dict[BatchDescriptor, GraphEntry] = {}
         # id(captured descriptor object) -> entry. Hashing a frozen dataclass costs more than the
@@ -259,10 +287,11 @@ class CUDAGraphWrapper:
                 return self._capture_or_fallback(context, args, kwargs)
         runtime = self.runtime
         check = runtime.address_check
-        if check is not _OFF and (check is _DEBUG or not entry.guard(args, kwargs)):
+        real = context.num_real_tokens
+        if check is not _OFF and (check is _DEBUG or not entry.guard(args, kwargs, real)):
             return self._replay_checked(entry, context, args, kwargs)
         if self.reports:
-            runtime.observer.on_replay(context.mode, descriptor, context.num_real_tokens)
+            runtime.observer.on_replay(context.mode, descriptor, real)
         graph = entry.graph
         if entry.runs_pass:
             return graph.run(args, kwargs)
@@ -273,10 +302,10 @@ class CUDAGraphWrapper:
         self, entry: GraphEntry, context: ForwardContext, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """A replay the guard did not wave through: look closer, report, replay (with the canary on
-        a sampled replay), and in debug mode leave the per-step inputs holding the sentinel."""
+        a sampled replay)."""
         runtime, checks = self.runtime, entry.checks
         debug = runtime.address_check is _DEBUG
-        findings, sampled = checks.inspect(args, kwargs, debug)
+        findings, sampled = checks.inspect(args, kwargs, context.num_real_tokens, debug)
         if findings:
             runtime.report_findings(self.name, context.mode, context.descriptor, findings)
         if self.reports:
@@ -303,8 +332,6 @@ class CUDAGraphWrapper:
             mismatches = canary.compare(outputs, eager)
             if mismatches:
                 runtime.report_findings(self.name, context.mode, context.descriptor, mismatches)
-        if debug and checks.per_step is not None:
-            checks.per_step.poison()
         return outputs
 
     def _capture_or_fallback(
@@ -330,7 +357,7 @@ class CUDAGraphWrapper:
         descriptor and tell the observer of its capture. Every capture goes through here; an
         engine that captures its graphs itself (vLLM's ``CudaGraphManager``) hands them over here
         so that their replays are checked and recorded like any other."""
-        entry.checks = self._checks_for(entry.layout)
+        entry.checks = self._checks_for(entry)
         entry.guard = entry.checks.clean
         self._graphs[entry.descriptor] = entry
         self._by_identity[id(entry.descriptor)] = entry
@@ -339,10 +366,14 @@ class CUDAGraphWrapper:
             runtime.report_capture(entry.capture_event(self.name, runtime.backend_name, runtime.warmup_iters))
         return entry
 
-    def _checks_for(self, layout: InputLayout) -> ReplayChecks:
+    def _checks_for(self, entry: GraphEntry) -> ReplayChecks:
         """What a new graph's replays are checked against, from the inputs its capture recorded."""
+        layout = entry.layout
+        if entry.per_step is None:  # a pass, or an engine's graph: its snapshot runs before each replay
+            entry.per_step = self.per_step_of(layout, entry.mode, entry.descriptor)
+            if entry.per_step is not None:
+                entry.graph = SnapshotFirst(entry.graph, entry.per_step.snapshot)
         try:
-            per_step = layout.named(self.per_step_inputs)
             mutated = None if self.mutated_inputs is None else [
                 MutatedInput(spec, written)
                 for name, written in self.mutated_inputs.items()
@@ -354,10 +385,24 @@ class CUDAGraphWrapper:
             layout,
             check_inputs=self.role is not GraphRole.PASS,
             state=ModuleState(self.module) if self.module is not None else None,
-            per_step=PerStepInputs(per_step, self.runtime.version_cells) if per_step else None,
+            per_step=entry.per_step,
             mutated=mutated,
             sampling=self.runtime.sampling,
         )
+
+    def per_step_of(
+        self, layout: InputLayout, mode: CUDAGraphMode, descriptor: BatchDescriptor
+    ) -> PerStepInputs | None:
+        """The per-step inputs of a graph of ``descriptor`` (None: none declared)."""
+        try:
+            picked = layout.named(self.per_step_inputs)
+        except ValueError as exc:
+            raise GraphCacheError(f"wrapper {self.name!r}: {exc}") from None
+        if not picked:
+            return None
+        report = functools.partial(self.runtime.report_findings, self.name, mode, descriptor)
+        buffers, size = self.runtime.step_buffers, descriptor.num_tokens
+        return PerStepInputs(picked, buffers, size, self.padding_rewritten, report)
 
     def capture(
         self, descriptor: BatchDescriptor, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
@@ -391,15 +436,18 @@ class CUDAGraphWrapper:
         **fields: Any,
     ) -> GraphEntry:
         """Record the call's inputs, capture ``fn`` (on ``captured_args``, by default the call's own
-        arguments) and build the entry: the part of a capture every source shares."""
+        arguments) with the per-step inputs' snapshot, and build the entry: the part of a capture
+        every source shares."""
         runtime = self.runtime
         layout = self.record_inputs(call)
-        fn_args, fn_kwargs = captured_args if captured_args is not None else (call.args, call.kwargs)
-        graph = runtime.backend.capture(fn, fn_args, fn_kwargs, runtime.warmup_iters)
         context = call.context
+        per_step = self.per_step_of(layout, context.mode, context.descriptor)
+        snapshot = None if per_step is None else per_step.snapshot
+        fn_args, fn_kwargs = captured_args if captured_args is not None else (call.args, call.kwargs)
+        graph = runtime.backend.capture(fn, fn_args, fn_kwargs, runtime.warmup_iters, prologue=snapshot)
         return entry_type(
             context.descriptor, context.mode, graph, layout, graph.capture_seconds, graph.pool_bytes,
-            unexpected, **fields,
+            unexpected, per_step=per_step, **fields,
         )
 
     def record_inputs(self, call: GraphCall) -> InputLayout:
