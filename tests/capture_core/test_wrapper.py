@@ -238,3 +238,35 @@ def test_a_graph_captured_elsewhere_is_adopted_and_its_replays_are_checked(obser
     assert source.replays == 4
     (drift,) = observer.violations
     assert (drift.kind, drift.input_name) == (ViolationKind.ADDRESS_DRIFT, "input_ids")
+
+
+def test_an_adopted_graph_s_per_step_inputs_are_snapshot_before_each_replay(observer):
+    """A graph captured elsewhere holds no snapshot of its own: the wrapper takes it before each
+    replay, so a buffer written where no counter sees it is no stale input, and one not written is."""
+    from capture_core.checks import ParameterNames, StaleInputError
+    from capture_core.inputs import InputLayout
+    from capture_core.wrapper import GraphEntry
+
+    runtime = GraphRuntime("eager", observer=observer, progress=False, address_check="debug")
+    wrapper = CUDAGraphWrapper(
+        lambda **k: None, runtime, name="engine", source=EngineHeld(), module=None,
+        per_step_inputs=["input_ids"],
+    )
+
+    class Held:
+        outputs = None
+
+        def replay(self):
+            pass
+
+    buffer = torch.zeros(4)
+    layout = InputLayout.record(ParameterNames(), (), {"input_ids": buffer})
+    with runtime.capture_phase():
+        wrapper.adopt(GraphEntry(DESC, FULL, Held(), layout, 0.0, 0, False))
+    with set_forward_context(FULL, DESC):
+        for token in range(5):
+            buffer.numpy()[:] = token + 1  # written where no version counter sees it
+            wrapper(input_ids=buffer)
+        assert observer.violations == []
+        with pytest.raises(StaleInputError, match="'input_ids'"):
+            wrapper(input_ids=buffer)
