@@ -25,7 +25,7 @@ from setuptools.errors import SetupError
 MIGRATIONS = Path("migrations")
 MIGRATION_FILES = ("env.py", "script.py.mako", "versions/*.py")
 INSTALLED_MIGRATIONS = Path("inspector") / "migrations"
-"""Where the wheel carries them: found by path from the inspector package (``inspector.schema``),
+"""Where the wheel carries them: found by path from the inspector package (``inspector.storage.schema``),
 so the wheel installs nothing under the bare name ``migrations`` for a project's own to meet."""
 ASSETS = Path("dashboard") / "assets"
 VENDOR = Path("dashboard") / "vendor"

@@ -2,16 +2,14 @@
 fresh virtual environment outside the checkout, it runs the demo and serves a dashboard whose
 charts draw and whose /healthz answers 200, with no warning on the way.
 
-Uses the install under $GRAPH_INSPECTOR_INSTALL when set (`.ci/run` makes one), else builds one.
+Uses the install under $GRAPH_INSPECTOR_INSTALL when set (`.ci/run` makes one), else builds one
+(tests/packaging/conftest.py).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
-import shutil
 import tarfile
 import urllib.request
 import zipfile
@@ -21,23 +19,15 @@ import pytest
 
 from tests.support.browser import CHARTS_DRAWN, CHROMIUM, chromium
 from tests.support.daemon import Daemon
-from tests.support.installed import INSTALL_ENV, REPO_ROOT, Installation
+from tests.support.installed import REPO_ROOT, Installation
 
 pytestmark = pytest.mark.slow
 
-SERVED_FOLDERS = ("dashboard/templates", "dashboard/static", "dashboard/grafana", "migrations/versions")
-
-
-@pytest.fixture(scope="session")
-def installation(tmp_path_factory: pytest.TempPathFactory) -> Installation:
-    root = os.environ.get(INSTALL_ENV)
-    if root:
-        return Installation(Path(root))
-    if importlib.util.find_spec("build") is None:
-        pytest.skip("the `build` package is not installed (scripts/setup --dev installs it)")
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed: building the wheel fetches the chart library with it")
-    return Installation.create(tmp_path_factory.mktemp("wheel"))
+SERVED_FOLDERS = {
+    "dashboard/templates": "dashboard/templates", "dashboard/static": "dashboard/static",
+    "dashboard/grafana": "dashboard/grafana", "migrations/versions": "inspector/migrations/versions",
+}
+"""The checkout's folders the installed daemon reads, and where the wheel carries each."""
 
 
 @pytest.fixture(scope="session")
@@ -60,12 +50,16 @@ def tracked(folder: str) -> set[str]:
 
 def test_the_wheel_carries_what_the_daemon_serves(installation: Installation) -> None:
     names = set(zipfile.ZipFile(installation.wheel).namelist())
-    for folder in SERVED_FOLDERS:
-        assert tracked(folder) and tracked(folder) <= names, f"{folder}: {sorted(tracked(folder) - names)}"
+    for folder, carried in SERVED_FOLDERS.items():
+        wanted = {name.replace(folder, carried, 1) for name in tracked(folder)}
+        assert wanted and wanted <= names, f"{folder}: {sorted(wanted - names)}"
     assert {"dashboard/vendor/chart.umd.js", "dashboard/vendor/chart.js-LICENSE.md", "dashboard/openapi.json",
-            "capture_core/reference/data/azure_conv_2023.csv", "migrations/env.py",
-            "migrations/script.py.mako"} <= names
+            "capture_core/reference/data/azure_conv_2023.csv", "inspector/migrations/env.py",
+            "inspector/migrations/script.py.mako", "graph_inspector_pytest.py"} <= names
     assert not [n for n in names if "node_modules" in n or n.startswith(("tests/", "bench/", "scripts/"))]
+    # Nothing under a name a project of its own may hold: its own `migrations` package would meet it.
+    top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert top == {"capture_core", "dashboard", "inspector", "graph_inspector_pytest.py"}
 
 
 def test_the_sdist_holds_what_building_the_wheel_needs(installation: Installation) -> None:
@@ -78,9 +72,10 @@ def test_the_sdist_holds_what_building_the_wheel_needs(installation: Installatio
 
 def test_the_install_imports_from_its_venv_not_the_checkout(installation: Installation) -> None:
     printed = installation.python(
-        "import capture_core, dashboard, inspector, migrations, dashboard.assets as a\n"
-        "for m in (capture_core, dashboard, inspector, migrations): print(m.__file__)\n"
-        "print(a.CHART_JS)"
+        "import capture_core, dashboard, inspector, dashboard.assets as a\n"
+        "from inspector.storage.schema import migrations_dir\n"
+        "for m in (capture_core, dashboard, inspector): print(m.__file__)\n"
+        "print(migrations_dir() / 'env.py'); print(a.CHART_JS)"
     )
     paths = [Path(line) for line in printed.split()]
     assert len(paths) == 5

@@ -33,10 +33,15 @@ class Program:
     argv: tuple[str, ...]
     cwd: Path
     env: dict[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+    """The interpreter a user's script runs on beside it (``python3 engine.py`` in the README)."""
 
     @classmethod
     def checkout(cls) -> Program:
-        return cls((sys.executable, "-m", "dashboard.cli"), REPO_ROOT, dict(os.environ))
+        """This checkout, on this interpreter; its scripts import the checkout wherever they run."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        return cls((sys.executable, "-m", "dashboard.cli"), REPO_ROOT, env)
 
     @classmethod
     def under_test(cls) -> Program:
@@ -78,7 +83,8 @@ class Installation:
     def program(self) -> Program:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-        return Program((str(self.venv / "bin" / "graph-inspector"),), self.root, env)
+        return Program((str(self.venv / "bin" / "graph-inspector"),), self.root, env,
+                       str(self.venv / "bin" / "python"))
 
     def python(self, code: str) -> str:
         """Run ``code`` in the install's interpreter (outside the checkout); return what it printed."""
