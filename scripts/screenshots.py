@@ -36,7 +36,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="folder for the PNGs (default docs/)")
     parser.add_argument("--db", help="photograph this database instead of a seeded sample")
+    parser.add_argument("--page", action="append", default=[], metavar="FILE=PATH",
+                        help="photograph PATH of the dashboard into FILE instead of the three above "
+                        "(repeat; e.g. screenshot-vllm-graphs.png=graphs?run=1)")
     args = parser.parse_args()
+    pages = dict(PAGES)
+    if args.page:
+        try:
+            pages = dict(item.split("=", 1) for item in args.page)
+        except ValueError:
+            parser.error("--page takes FILE=PATH, e.g. screenshot-graphs.png=graphs")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         url = args.db
@@ -47,7 +56,7 @@ def main() -> int:
             store.dispose()
         with Daemon(url) as daemon, chromium() as browser:
             page = browser.new_page(viewport={"width": 1440, "height": 900}, device_scale_factor=1)
-            for name, path in PAGES.items():
+            for name, path in pages.items():
                 page.goto(daemon.url + path, wait_until="networkidle")
                 page.screenshot(path=str(args.out / name), full_page=True)
                 print(f"wrote {args.out / name}")
