@@ -1,0 +1,159 @@
+"""The vLLM integration's hooks on vLLM's own classes (skipped where vLLM is not importable: CI has
+none; a machine with vLLM 0.25 runs it, the GPU machine among them).
+
+vLLM's ``CUDAGraphWrapper`` objects, its forward context and its ``BatchDescriptor`` are the real
+ones; the one thing stood in for is the body of vLLM's ``CUDAGraphWrapper.__call__`` (its
+``torch.cuda.graph`` capture and replay, which needs a GPU): a call that runs the piece and counts
+its captures and replays per descriptor. What vLLM itself does with its graphs is measured on the
+H200 (``bench/gpu_vllm.py``, BENCHMARKS.md "vLLM").
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import sqlite3
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed here")
+
+PIECES = 3
+
+
+@pytest.fixture
+def attached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from vllm.config import CUDAGraphMode
+
+    from inspector.engines.vllm import ENV, hooks, register
+
+    db = tmp_path / "vllm.db"
+    monkeypatch.setenv(ENV, f"sqlite:///{db}")
+    register()
+    session = hooks.session()
+    assert session is not None
+    calls: collections.Counter = collections.Counter()
+
+    def vllm_call(wrapper, *args, **kwargs):  # stands in for vLLM's capture-or-replay body
+        from vllm.forward_context import get_forward_context
+
+        key = (id(wrapper), get_forward_context().batch_descriptor)
+        calls["replay" if key in calls else "capture"] += 1
+        calls[key] += 1
+        return wrapper.runnable(*args, **kwargs)
+
+    session.vllm_call = vllm_call
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(4, 4)
+    config = SimpleNamespace(
+        compilation_config=SimpleNamespace(
+            cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE, cudagraph_capture_sizes=[2, 4, 8],
+            max_cudagraph_capture_size=8, cudagraph_num_of_warmups=1, mode=3),
+        scheduler_config=SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=64,
+                                         enable_chunked_prefill=True),
+        cache_config=SimpleNamespace(enable_prefix_caching=True, gpu_memory_utilization=0.1,
+                                     kv_cache_memory_bytes=None),
+        model_config=SimpleNamespace(model="tiny", dtype="bfloat16", max_model_len=64),
+        parallel_config=SimpleNamespace(rank=0, world_size=1))
+    session.attach(SimpleNamespace(vllm_config=config, device="cpu", model=model), "V1")
+    yield SimpleNamespace(session=session, db=db, model=model, calls=calls)
+    hooks.uninstall()
+
+
+class Piece:
+    """A compiled piece as vLLM's PiecewiseBackend presents it: its index among the pieces, and the
+    model's weight among its positional inputs (torch.compile lifts parameters into the graph)."""
+
+    def __init__(self, index: int) -> None:
+        self.piecewise_compile_index, self.total_piecewise_compiles = index, PIECES
+        self.out = torch.zeros(8, 4)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        self.out[:n] = x @ weight  # a static output, as a replayed graph's
+        return self.out[:n]
+
+
+def pieces():
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config import CUDAGraphMode
+
+    made = []
+    for index in range(PIECES):
+        wrapper = object.__new__(CUDAGraphWrapper)  # vLLM's own class; __init__ asks for a CUDA platform
+        wrapper.__dict__.update(runnable=Piece(index), runtime_mode=CUDAGraphMode.PIECEWISE, graph_pool=None,
+                                concrete_cudagraph_entries={})
+        made.append(wrapper)
+    return made
+
+
+def forward(wrappers, x: torch.Tensor, weight: torch.Tensor, tokens: int) -> torch.Tensor:
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
+
+    context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={},
+                             cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
+                             batch_descriptor=BatchDescriptor(num_tokens=tokens))
+    with override_forward_context(context):
+        y = x[:tokens]
+        for wrapper in wrappers:
+            y = wrapper(y, weight)
+    return y
+
+
+def rows(db: Path, query: str) -> list:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(query).fetchall()
+
+
+def test_pieces_are_captured_as_one_graph_per_descriptor_and_steps_counted_once(attached) -> None:
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    session, weight = attached.session, attached.model.proj.weight
+    wrappers, x = pieces(), torch.ones(8, 4)
+    for tokens in (8, 4, 2):
+        forward(wrappers, x, weight, tokens)
+    session.capture_finished()
+    for _ in range(5):
+        session.step(CUDAGraphMode.PIECEWISE, BatchDescriptor(num_tokens=4), 3, False)
+        forward(wrappers, x, weight, 4)
+    session.step(CUDAGraphMode.NONE, BatchDescriptor(num_tokens=20), 20, False)
+    session.close()
+    assert attached.calls["capture"] == 3 * PIECES and attached.calls["replay"] == 5 * PIECES
+    graphs = rows(attached.db, "SELECT captured_size, wrapper, num_segments, engine_key FROM graphs")
+    assert [(size, wrapper, segments) for size, wrapper, segments, _ in graphs] == [
+        (size, "vLLM PIECEWISE (3 pieces)", 3) for size in (8, 4, 2)]
+    assert graphs[0][3].startswith("BatchDescriptor(num_tokens=8")
+    names = rows(attached.db, "SELECT input_names FROM graphs")[0][0]
+    assert "piece1.proj.weight" in names  # a weight among a piece's inputs is named as a parameter
+    totals = "SELECT mode, captured_size, replays, num_real_tokens, padding_tokens FROM replay_totals"
+    assert rows(attached.db, totals) == [("piecewise", 4, 5, 15, 5)]
+    assert rows(attached.db, "SELECT reason, batches FROM eager_totals") == [("above_max_capture_size", 1)]
+    assert rows(attached.db, "SELECT kind FROM violations") == []
+
+
+def test_a_reassigned_weight_and_a_late_descriptor_are_caught_at_their_step(attached) -> None:
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    session, model = attached.session, attached.model
+    wrappers, x = pieces(), torch.ones(8, 4)
+    forward(wrappers, x, model.proj.weight, 4)
+    session.capture_finished()
+    forward(wrappers, x, model.proj.weight, 4)
+    assert rows(attached.db, "SELECT kind FROM violations") == []
+    model.proj.weight = torch.nn.Parameter(model.proj.weight.detach().clone())  # a weight sync by assignment
+    session.step(CUDAGraphMode.PIECEWISE, BatchDescriptor(num_tokens=4), 4, False)
+    forward(wrappers, x, model.proj.weight, 4)
+    session.recorder.flush(timeout=10)
+    drifts = rows(attached.db, "SELECT kind, input_name FROM violations")
+    assert set(drifts) == {("address_drift", "proj.weight")}
+    forward(wrappers, x, model.proj.weight, 3)  # a size never captured reaches the pieces while serving
+    session.close()
+    late = rows(attached.db, "SELECT kind, wrapper FROM violations WHERE kind = 'unexpected_capture'")
+    assert late and all(wrapper.startswith("vLLM PIECEWISE piece") for _, wrapper in late)
+    assert rows(attached.db, "SELECT unexpected FROM graphs WHERE captured_size = 3") == [(1,)]
