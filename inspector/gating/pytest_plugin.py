@@ -191,7 +191,7 @@ def graph_observer(request: pytest.FixtureRequest) -> TestObserver:
     return observer
 
 
-def _finding_from_event(event: Any, nodeid: str) -> Any:
+def _finding_from_event(event: Any, item: pytest.Item) -> Any:
     from inspector.gating.report import Finding
 
     return Finding(
@@ -204,25 +204,47 @@ def _finding_from_event(event: Any, nodeid: str) -> Any:
         expected_address=event.expected_address,
         actual_address=event.actual_address,
         injected=event.injected,
-        where=nodeid,
+        where=item.nodeid,
         first_seen_at=event.seen_at,
         last_seen_at=event.seen_at,
-        stack=event.stack,
+        stack=from_the_test(event.stack, str(item.path)),
     )
 
 
-def _finding_from_exception(excinfo: pytest.ExceptionInfo[BaseException] | None, nodeid: str) -> Any:
+def _findings_from_exception(excinfo: pytest.ExceptionInfo[BaseException] | None, item: pytest.Item
+                             ) -> list[Any]:
     """A graph-cache error raised through a test (a DEBUG-mode finding of a replay check, an
-    unexpected capture), with its violation kind."""
+    unexpected capture): the violations it was raised for, as if an observer had seen them; an
+    error raised for none, by its kind and message."""
     checks = sys.modules.get("capture_core.checks")
     if excinfo is None or checks is None or not excinfo.errisinstance(checks.GraphCacheError):
-        return None
+        return []
+    events = getattr(excinfo.value, "events", ())
+    if events:
+        return [_finding_from_event(event, item) for event in events]
     from inspector.gating.report import Finding
 
     kinds = {error.__name__: kind.value for kind, error in checks.ERRORS.items()}
     kinds["UnexpectedCaptureError"] = "unexpected_capture"
     kind = kinds.get(excinfo.type.__name__, "graph_cache_error")
-    return Finding(kind=kind, message=str(excinfo.value), where=nodeid)
+    return [Finding(kind=kind, message=str(excinfo.value), where=item.nodeid)]
+
+
+FRAME = '  File "'
+"""How each frame of a formatted stack (``traceback.format_list``) begins."""
+RUNNER_FILES = ("/_pytest/", "/pluggy/", "/runpy.py", "<frozen runpy>", "/pytest/__main__.py")
+
+
+def from_the_test(stack: str, test_file: str) -> str:
+    """A violation's stack from the test function on: the frames of pytest and pluggy that called it
+    say nothing about the graph (a test's stack holds thirty of them). When no frame is the test's
+    (a fixture, a thread), only the runner's frames are left out."""
+    frames = [FRAME + frame for frame in stack.split(FRAME)[1:]]
+    for index, frame in enumerate(frames):
+        if frame.startswith(f'{FRAME}{test_file}"'):
+            return "".join(frames[index:])
+    return "".join(frame for frame in frames
+                   if not any(part in frame.partition("\n")[0] for part in RUNNER_FILES))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -236,11 +258,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.user_properties.append((FIGURES_PROPERTY, observer.figures.figures.to_json()))
     if expected:
         return report
-    findings = [_finding_from_event(event, item.nodeid) for event in events]
+    findings = [_finding_from_event(event, item) for event in events]
     if not findings:
-        raised = _finding_from_exception(call.excinfo, item.nodeid)
-        if raised is not None:
-            findings.append(raised)
+        findings = _findings_from_exception(call.excinfo, item)
     for finding in findings:
         item.user_properties.append((FINDING_PROPERTY, json.dumps(asdict(finding))))
     if events and report.passed:

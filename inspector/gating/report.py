@@ -28,6 +28,8 @@ from inspector.storage.store import Store
 
 FORMATS = ("text", "json", "junit")
 SUITE = "graph-inspector"
+TITLE_CHARS = 160
+"""How much of a message a finding with no graph is titled with."""
 TEXT_STACK_FRAMES = 4
 """Frames of each violation's stack the text report shows (JSON and JUnit carry all of them)."""
 
@@ -54,8 +56,12 @@ class Finding:
 
     @property
     def title(self) -> str:
-        graph = f"{self.descriptor} ({self.mode})" if self.descriptor else "graph"
-        text = f"{self.kind}: {graph}"
+        """``kind: graph (mode) in wrapper, input name``; for a finding of no graph (an error raised
+        for no violation), the kind and the first line of its message."""
+        if not self.descriptor:
+            line = (self.message.strip().splitlines() or [""])[0]
+            return f"{self.kind}: {line[:TITLE_CHARS]}"
+        text = f"{self.kind}: {self.descriptor} ({self.mode})"
         if self.wrapper:
             text += f" in {self.wrapper}"
         if self.input_name:

@@ -269,3 +269,44 @@ def test_an_unreadable_baseline_fails_the_session_with_a_message(
     result = pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", "--graph-baseline=missing.json")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*graph baseline: cannot read the baseline*missing.json*"])
+
+
+def test_a_violation_is_named_by_its_graph_and_its_stack_starts_at_the_test(
+    pytester: pytest.Pytester, plugin_args
+) -> None:
+    # Recorded through the fixture (test_drifts) or raised in debug mode with no observer at all
+    # (test_without_the_fixture): the same JUnit case, named by graph and input, and its stack
+    # from the test function on, without the thirty frames of pytest and pluggy that called it.
+    pytester.makepyfile(test_suite=SUITE)
+    for options in ((), ("--graph-debug",)):
+        report = pytester.path / "graph.xml"
+        pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", *options, f"--graph-report={report}")
+        cases = {case.get("name"): case.findtext("failure") or ""
+                 for case in ET.parse(report).getroot().iter("testcase") if case.find("failure") is not None}
+        tests = ["test_drifts", "test_without_the_fixture"] if options else ["test_drifts"]
+        assert sorted(cases) == [
+            f"test_suite.py::{test} address_drift: tokens=4,reqs=4,uniform=1 (full) in double, input scale"
+            for test in tests
+        ]
+        for text in cases.values():
+            stack = text.split("stack (most recent call last):\n", 1)[1]
+            frames = re.findall(r'^  File "([^"]+)", line \d+, in (\S+)', stack, re.M)
+            assert frames[0][0].endswith("test_suite.py") and frames[0][1].startswith("test_"), frames
+            assert not [f for f, _ in frames if "_pytest" in f or "pluggy" in f], frames
+
+
+def test_an_error_raised_for_no_violation_is_named_by_its_message(
+    pytester: pytest.Pytester, plugin_args
+) -> None:
+    pytester.makepyfile(test_misuse="""
+        import torch
+        from capture_core.checks import GraphCacheError
+
+        def test_misuse():
+            raise GraphCacheError("wrapper 'double': the static buffers are too small for 64 tokens")
+    """)
+    report = pytester.path / "graph.xml"
+    pytester.runpytest(*plugin_args, "-p", "no:cacheprovider", f"--graph-report={report}")
+    [case] = [c for c in ET.parse(report).getroot().iter("testcase") if c.find("failure") is not None]
+    assert case.get("name") == ("test_misuse.py::test_misuse graph_cache_error: wrapper 'double': the static "
+                                "buffers are too small for 64 tokens")
