@@ -2,29 +2,126 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from tests.support.installed import Program
+from tests.support.readme import command_lines, python_block, run_line
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
-def test_the_library_example_runs_and_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("GRAPH_INSPECTOR_DB", f"sqlite:///{tmp_path / 'readme.db'}")
-    code = re.findall(r"```python\n(.*?)```", README, re.S)[0]
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
-    assert tuple(namespace["logits"].shape) == (3, namespace["model"].config.vocab_size)
+RECORDING_EXAMPLES = {"the decode runner": 'Recorder(label="my-engine")',
+                      "a callable of your own": "wrapped = CUDAGraphWrapper(step, runtime)"}
+"""The README's examples that record a run, by a line each holds."""
 
-    from inspector.reading.queries import Queries
-    from inspector.storage.store import open_store
 
-    runs = Queries(open_store(f"sqlite:///{tmp_path / 'readme.db'}").engine).runs()
-    assert [run["label"] for run in runs.items] == ["my-engine"]
-    assert runs.items[0]["graphs"] == 4
+@pytest.mark.slow
+@pytest.mark.parametrize("example", RECORDING_EXAMPLES)
+def test_each_recording_example_runs_as_written_and_captures_its_graphs(tmp_path: Path, example: str) -> None:
+    # Saved as a user would save it, run with the interpreter beside graph-inspector, then reported.
+    (tmp_path / "example.py").write_text(python_block(RECORDING_EXAMPLES[example]))
+    program = Program.under_test()
+    ran = run_line(program, "python3 example.py", tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    reported = run_line(program, "graph-inspector report --format json", tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    [run] = json.loads(reported.stdout)["runs"]
+    assert run["graphs"] == 4 and run["traffic"]["replays"] >= 1 and run["traffic"]["eager_batches"] == 0
+    assert run["warnings"] == [], "a run that captured nothing is warned about"
+
+
+def _with_pytest(program: Program) -> None:
+    """The README's pytest commands need pytest beside graph-inspector (a wheel's venv has none)."""
+    if subprocess.run([program.python, "-c", "import pytest"], env=program.env).returncode:
+        done = subprocess.run([program.python, "-m", "pip", "install", "-q", "pytest"], env=program.env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+
+def _failed_cases(report: Path) -> dict[str, str]:
+    """JUnit case name -> its failure's text."""
+    cases = ET.parse(report).getroot().iter("testcase")
+    return {case.get("name", ""): case.findtext("failure") or "" for case in cases
+            if case.find("failure") is not None}
+
+
+def _only_capture_time_may_fail(report: Path) -> None:
+    # Capture time swings by seconds on a loaded test machine (the thresholds are for CI runners);
+    # every other comparison of a run of the same code must pass.
+    assert set(_failed_cases(report)) <= {"Capture time"}, _failed_cases(report)
+
+
+@pytest.mark.slow
+def test_the_pytest_example_passes_under_the_plugin_and_gates_its_session(tmp_path: Path) -> None:
+    program = Program.under_test()
+    _with_pytest(program)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_graphs.py").write_text(python_block("def test_decode_replays_its_graphs"))
+    [checked] = [line for line in command_lines("--graph-debug") if "pytest" in line]
+    ran = run_line(program, checked, tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "1 passed" in ran.stdout and "graph report written to" in ran.stdout
+    assert "no graph violations in 1 test(s)" in (tmp_path / "graph-report.xml").read_text()
+
+    saved = run_line(program, "python3 -m pytest --graph-save-baseline ci/tests-baseline.json", tmp_path)
+    assert saved.returncode == 0 and (tmp_path / "ci" / "tests-baseline.json").is_file(), saved.stdout
+    [gated] = [line for line in command_lines("--save-baseline") if "pytest" in line]
+    judged = run_line(program, gated, tmp_path)
+    assert judged.returncode in (0, 1), judged.stdout + judged.stderr
+    _only_capture_time_may_fail(tmp_path / "graph-report.xml")
+    assert len(ET.parse(tmp_path / "graph-report.xml").getroot().findall(".//testcase")) == 9
+
+
+@pytest.mark.slow
+def test_the_ci_gate_as_written_judges_each_ci_runs_fresh_database(tmp_path: Path) -> None:
+    program = Program.under_test()
+    record, save, gate, _ = command_lines("--save-baseline")
+    engine = python_block('Recorder(label="my-engine")')
+    (tmp_path / "engine.py").write_text(engine)
+
+    def ci_run(*lines: str) -> subprocess.CompletedProcess[str]:
+        """A CI job on a fresh checkout: no ci.db from an earlier run; the committed baseline stays."""
+        for leftover in tmp_path.glob("ci.db*"):
+            leftover.unlink()
+        for line in lines:
+            done = run_line(program, line, tmp_path)
+        return done
+
+    first = ci_run(record, save)
+    assert first.returncode == 0, first.stderr
+    assert "written to ci/graph-baseline.json" in first.stderr
+    judged = ci_run(record, gate)
+    assert judged.returncode in (0, 1), judged.stderr  # not 2: the new ci.db's run 1 is judged
+    _only_capture_time_may_fail(tmp_path / "graph-report.xml")
+
+    (tmp_path / "engine.py").write_text(engine.replace("sizes=[1, 2, 4, 8]", "sizes=[1, 2, 4]"))
+    regressed = ci_run(record, gate)
+    assert regressed.returncode == 1, regressed.stderr
+    assert "missing: full tokens=8,reqs=any,uniform=0" in _failed_cases(tmp_path / "graph-report.xml")[
+        "Captured graphs"]
+
+
+@pytest.mark.cuda
+def test_the_transformers_example_is_watched_as_written(tmp_path: Path) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("transformers")
+    program = Program.under_test()
+    (tmp_path / "gen.py").write_text(python_block("# gen.py"))
+    watch, _ = command_lines("python gen.py")
+    watched = run_line(program, watch.replace("python gen.py", "python3 gen.py"), tmp_path, timeout=1800)
+    assert watched.returncode == 0, watched.stderr
+    reported = run_line(program, "graph-inspector report --db sqlite:///gen.db --format json", tmp_path)
+    assert json.loads(reported.stdout)["runs"][0]["graphs"] > 0
 
 
 def test_ci_runs_the_readme_test_command() -> None:
