@@ -21,7 +21,7 @@ from unittest import mock
 
 import torch
 
-from capture_core.checks import GraphCacheError
+from capture_core.errors import GraphCacheError
 
 log = logging.getLogger(__name__)
 

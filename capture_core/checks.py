@@ -1,4 +1,4 @@
-"""The replay checks' vocabulary: their modes, their errors, and the messages that name each finding.
+"""The replay checks' vocabulary: their modes, their findings, and the messages that name each one.
 
 A CUDA graph reads fixed memory with fixed kernels, and computes silently wrong when what it baked
 in at capture no longer holds: a tensor passed at replay that lives elsewhere (``address_drift``)
@@ -10,8 +10,9 @@ inputs only, under debug logging; here every check runs in one of three modes, b
 * ``OFF``: no checks;
 * ``ALWAYS_ON``: a cheap guard on every replay, a closer look on sampled ones; every finding is an
   event and the replay goes on;
-* ``DEBUG``: the closer look on every replay, and a finding raises (a ``GraphCheckError``) once its
-  event is out. ``GRAPH_INSPECTOR_DEBUG=1`` forces it for a process (the pytest plugin does).
+* ``DEBUG``: the closer look on every replay, and a finding raises (its kind's error, a
+  ``GraphCheckError``) once its event is out. ``GRAPH_INSPECTOR_DEBUG=1`` forces it for a process
+  (the pytest plugin does).
 
 Where the checks look: ``inputs`` (the call's tensors), ``state`` (the module's parameters and
 buffers), ``stale`` (per-step inputs), ``canary`` (replay against eager), all run by ``watch``.
@@ -29,41 +30,11 @@ from typing import Any
 import torch
 
 from capture_core.descriptor import BatchDescriptor
-from capture_core.events import ViolationEvent, ViolationKind
+from capture_core.events import ViolationKind
 from capture_core.modes import CUDAGraphMode
 
 DEBUG_ENV = "GRAPH_INSPECTOR_DEBUG"
 """Set to 1 to force DEBUG checks in this process (the pytest plugin does, for CI runs)."""
-
-
-class GraphCacheError(RuntimeError):
-    """A misuse of the graph cache that the caller must fix; the message says how. ``events`` are the
-    violations it was raised for (their graph, input, addresses and stack), when it was raised for
-    one: what a test runner reports it as."""
-
-    def __init__(self, message: str, events: Sequence[ViolationEvent] = ()) -> None:
-        super().__init__(message)
-        self.events = tuple(events)
-
-
-class GraphCheckError(GraphCacheError):
-    """Raised in DEBUG mode when a replay check found that the graph would compute the wrong thing."""
-
-
-class AddressDriftError(GraphCheckError):
-    """A tensor the graph reads is no longer at its captured address."""
-
-
-class LayoutMismatchError(GraphCheckError):
-    """A tensor the graph reads is at its captured address but laid out otherwise."""
-
-
-class StaleInputError(GraphCheckError):
-    """A per-step input was not written since the previous replay."""
-
-
-class ReplayMismatchError(GraphCheckError):
-    """A sampled replay disagreed with the same step run eagerly."""
 
 
 class AddressCheckMode(str, enum.Enum):
@@ -141,40 +112,6 @@ class Finding:
     max_rel_error: float | None = None
 
 
-_LABELS = {
-    ViolationKind.ADDRESS_DRIFT: "address drift",
-    ViolationKind.LAYOUT_MISMATCH: "layout mismatch",
-    ViolationKind.STALE_INPUT: "stale input",
-    ViolationKind.REPLAY_MISMATCH: "replay mismatch",
-}
-_FIXES = {
-    ViolationKind.ADDRESS_DRIFT: (
-        "The graph reads the captured memory, so it would compute on stale values: copy new values "
-        "into the captured tensor with copy_() instead of passing (or assigning) a new tensor"
-    ),
-    ViolationKind.LAYOUT_MISMATCH: (
-        "The graph's kernels read that memory as the captured shape, strides and dtype: pass a "
-        "tensor laid out as at capture (the captured tensor itself)"
-    ),
-    ViolationKind.STALE_INPUT: (
-        "The graph would compute on the previous step's values: copy_() this step's values into it "
-        "before every replay"
-    ),
-    ViolationKind.REPLAY_MISMATCH: (
-        "The graph computes something other than the eager step: a host value (a Python scalar, an "
-        ".item(), a branch taken on the host) was baked in at capture; pass it as a tensor input, "
-        "or key the graph by it"
-    ),
-}
-ERRORS: dict[ViolationKind, type[GraphCheckError]] = {
-    ViolationKind.ADDRESS_DRIFT: AddressDriftError,
-    ViolationKind.LAYOUT_MISMATCH: LayoutMismatchError,
-    ViolationKind.STALE_INPUT: StaleInputError,
-    ViolationKind.REPLAY_MISMATCH: ReplayMismatchError,
-}
-"""What DEBUG mode raises for a finding of each kind."""
-
-
 def finding_message(
     wrapper: str, mode: CUDAGraphMode, descriptor: BatchDescriptor, findings: Sequence[Finding]
 ) -> str:
@@ -182,8 +119,8 @@ def finding_message(
     kind = findings[0].kind
     details = "; ".join(f.detail for f in findings if f.kind is kind)
     return (
-        f"{_LABELS[kind]} in graph {descriptor.key} ({mode.label}) of wrapper {wrapper!r}: {details}. "
-        f"{_FIXES[kind]}."
+        f"{kind.record.label} in graph {descriptor.key} ({mode.label}) of wrapper {wrapper!r}: {details}. "
+        f"{kind.record.fix}."
     )
 
 

@@ -13,30 +13,131 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import (
+    AddressDriftError,
+    GraphCacheError,
+    LayoutMismatchError,
+    ReplayMismatchError,
+    StaleInputError,
+    UnexpectedCaptureError,
+)
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
 
 
+@dataclass(frozen=True)
+class KindRecord:
+    """Everything said about one kind of violation, in one place: the messages and DEBUG mode's
+    error (``capture_core.checks``, ``runtime``), the dashboard's pages, the metric's help, the
+    report, the alert and the API's contract all read it."""
+
+    label: str
+    """The kind in words, as a sentence uses it: ``address drift``."""
+    meaning: str
+    """What was found, and what it does to the graph."""
+    fix: str
+    """What to do about it."""
+    error: type[GraphCacheError] | None = None
+    """What is raised for it (DEBUG mode's checks, the RAISE policy); None: recorded, never raised."""
+
+
 class ViolationKind(str, enum.Enum):
-    ADDRESS_DRIFT = "address_drift"
-    """A tensor the graph reads (an input at any depth, or a parameter or buffer of the wrapped
-    module) lives somewhere other than at capture: the graph reads the old memory."""
-    LAYOUT_MISMATCH = "layout_mismatch"
-    """Same address, other shape, strides, storage offset, dtype or device: the graph's kernels read
-    the memory as the captured layout."""
-    STALE_INPUT = "stale_input"
-    """A declared per-step input was not written since the previous replay."""
-    UNEXPECTED_CAPTURE = "unexpected_capture"
-    """A capture after start-up locked capture, on any path."""
-    REPLAY_MISMATCH = "replay_mismatch"
-    """A sampled replay and the same step run eagerly disagree beyond tolerance (a host value baked
-    into the graph at capture, say)."""
-    RERECORD_STORM = "rerecord_storm"
-    """One call site capturing again and again once its graphs are in use (graph-inspector watch)."""
-    COMPILE_SKIP = "compile_skip"
-    """torch.compile gave up on CUDA graphs for a function, with its reason (graph-inspector watch)."""
-    RANK_DIVERGENCE = "rank_divergence"
-    """Ranks of one job captured, or replayed at one step, different graphs (inspector.ranks.check)."""
+    """What the validation catches: each member is one kind and its ``record``. A new kind is one
+    member here (and the check that reports it)."""
+
+    record: KindRecord
+
+    def __new__(cls, value: str, record: KindRecord) -> ViolationKind:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.record = record
+        return member
+
+    ADDRESS_DRIFT = "address_drift", KindRecord(
+        label="address drift",
+        meaning=(
+            "A tensor the graph reads (an input at any depth, or a parameter or buffer of the wrapped "
+            "module) lives somewhere other than at capture, so the graph reads stale memory."
+        ),
+        fix=(
+            "The graph reads the captured memory, so it would compute on stale values: copy new values "
+            "into the captured tensor with copy_() instead of passing (or assigning) a new tensor"
+        ),
+        error=AddressDriftError,
+    )
+    LAYOUT_MISMATCH = "layout_mismatch", KindRecord(
+        label="layout mismatch",
+        meaning=(
+            "The same address read with another shape, strides, storage offset, dtype or device: the "
+            "graph's kernels read the memory as the captured layout."
+        ),
+        fix=(
+            "The graph's kernels read that memory as the captured shape, strides and dtype: pass a "
+            "tensor laid out as at capture (the captured tensor itself)"
+        ),
+        error=LayoutMismatchError,
+    )
+    STALE_INPUT = "stale_input", KindRecord(
+        label="stale input",
+        meaning="A declared per-step input nobody wrote since the previous replay.",
+        fix=(
+            "The graph would compute on the previous step's values: copy_() this step's values into it "
+            "before every replay"
+        ),
+        error=StaleInputError,
+    )
+    UNEXPECTED_CAPTURE = "unexpected_capture", KindRecord(
+        label="unexpected capture",
+        meaning=(
+            "A capture after start-up locked capture, on any path: a latency spike, or an error by "
+            "policy."
+        ),
+        fix="Add this size to the capture sizes so it is captured at start-up",
+        error=UnexpectedCaptureError,
+    )
+    REPLAY_MISMATCH = "replay_mismatch", KindRecord(
+        label="replay mismatch",
+        meaning=(
+            "A sampled replay computed something other than the same step run eagerly, beyond "
+            "tolerance (a host value baked in at capture, say)."
+        ),
+        fix=(
+            "The graph computes something other than the eager step: a host value (a Python scalar, an "
+            ".item(), a branch taken on the host) was baked in at capture; pass it as a tensor input, "
+            "or key the graph by it"
+        ),
+        error=ReplayMismatchError,
+    )
+    RERECORD_STORM = "rerecord_storm", KindRecord(
+        label="re-record storm",
+        meaning=(
+            "One call site capturing again and again once its graphs are in use (graph-inspector "
+            "watch): a capture on the serving path each time, and new pool memory."
+        ),
+        fix=(
+            "Give the call site the inputs it captured: the same shapes (pad to captured sizes) at "
+            "the same addresses (static buffers refilled with copy_())"
+        ),
+    )
+    COMPILE_SKIP = "compile_skip", KindRecord(
+        label="compile skip",
+        meaning=(
+            "torch.compile gave up on CUDA graphs for a function, with its reason (graph-inspector "
+            "watch): that function runs without them."
+        ),
+        fix="Remove the reason torch.compile gives (the message quotes it), or accept the function eager",
+    )
+    RANK_DIVERGENCE = "rank_divergence", KindRecord(
+        label="rank divergence",
+        meaning=(
+            "Ranks of one job captured, or replayed at the same step, different graphs: the next "
+            "collective would hang or mix shapes."
+        ),
+        fix=(
+            "Give every rank the same capture sizes and the same graph at every step (agree on the "
+            "batch across ranks, coordinate_batch_across_dp)"
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -33,14 +33,13 @@ from typing import Any
 from capture_core.backends import GraphBackend, select_backend
 from capture_core.canary import Sampling
 from capture_core.checks import (
-    ERRORS,
     AddressCheckMode,
     Finding,
-    GraphCacheError,
     effective_check_mode,
     finding_message,
 )
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import GraphCheckError, UnexpectedCaptureError
 from capture_core.events import CaptureEvent, GraphObserver, NullObserver, ViolationEvent, ViolationKind
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
@@ -51,10 +50,6 @@ from capture_core.sizes import EagerReason
 log = logging.getLogger(__name__)
 
 DEFAULT_WARMUP_ITERS = 3
-
-
-class UnexpectedCaptureError(GraphCacheError):
-    """A capture was attempted after start-up locked capture, under the RAISE policy."""
 
 
 class UnexpectedCapturePolicy(str, enum.Enum):
@@ -206,7 +201,7 @@ class GraphRuntime:
         message = (
             f"unexpected capture: wrapper {wrapper!r} has no graph for {descriptor.key} ({mode.label}) "
             f"and capture was locked at the end of start-up; policy {policy.value!r} {outcome}. "
-            "Add this size to the capture sizes so it is captured at start-up."
+            f"{ViolationKind.UNEXPECTED_CAPTURE.record.fix}."
         )
         event = self.report(ViolationKind.UNEXPECTED_CAPTURE, wrapper, mode, descriptor, message)
         if policy is UnexpectedCapturePolicy.RAISE:
@@ -271,7 +266,8 @@ class GraphRuntime:
             for finding in findings
         ]
         if findings and self.address_check is AddressCheckMode.DEBUG:
-            raise ERRORS[findings[0].kind](finding_message(wrapper, mode, descriptor, findings), events)
+            error = findings[0].kind.record.error or GraphCheckError
+            raise error(finding_message(wrapper, mode, descriptor, findings), events)
 
     def settle_checks(self) -> None:
         """Read back every per-step comparison still on its way from the device and report what it

@@ -37,8 +37,9 @@ from torch import nn
 
 from capture_core.backends import CapturedGraph
 from capture_core.canary import CanaryRun, MutatedInput, Written
-from capture_core.checks import AddressCheckMode, GraphCacheError, ParameterNames
+from capture_core.checks import AddressCheckMode, ParameterNames
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import GraphCacheError
 from capture_core.events import CaptureEvent
 from capture_core.forward_context import CURRENT as _FORWARD
 from capture_core.forward_context import ForwardContext, set_forward_context, use_forward_context

@@ -23,7 +23,7 @@ from dashboard import api, assets, auth, downloads, envelope, pages, units, wsgi
 from dashboard.assets import ChartLibrary
 from dashboard.headers import security_headers
 from dashboard.hosts import HostCheck
-from dashboard.resources import EXTENSION
+from dashboard.resources import EXTENSION, KIND_RECORDS
 from inspector.errors import DatabaseError
 from inspector.reading.metrics import InspectorCollector
 from inspector.reading.queries import Queries
@@ -82,6 +82,7 @@ def create_app(
     _register_errors(app)
     app.jinja_env.filters.update(units.FILTERS)
     app.context_processor(_template_globals)
+    app.jinja_env.globals["kind_records"] = KIND_RECORDS  # the macros read it too
 
     served: Callable = DispatcherMiddleware(
         app.wsgi_app, {"/metrics": wsgi.answer_head(auth.guard_wsgi(make_wsgi_app(registry), state.token))}

@@ -24,6 +24,8 @@ from inspector.reading.queries import COMPILE_KINDS, Queries
 EXTENSION = "graph_inspector"
 GRAPH_MODES = tuple(m.label for m in CUDAGraphMode if m.is_runtime_mode() and m is not CUDAGraphMode.NONE)
 VIOLATION_KINDS = tuple(k.value for k in ViolationKind)
+KIND_RECORDS = {k.value: k.record for k in ViolationKind}
+"""What each kind means and its fix, as the pages show it (``capture_core.events.ViolationKind``)."""
 
 
 @dataclass(frozen=True)

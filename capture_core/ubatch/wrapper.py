@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from capture_core.checks import GraphCacheError, ParameterNames
+from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import GraphCacheError
 from capture_core.events import CaptureEvent
 from capture_core.forward_context import ForwardContext, get_forward_context, use_forward_context
 from capture_core.modes import CUDAGraphMode

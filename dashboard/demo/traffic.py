@@ -75,7 +75,7 @@ def traffic_config(args: argparse.Namespace) -> TrafficConfig:
 
 def serve_traffic(runner: Runner, trace: Trace, args: argparse.Namespace) -> DemoResult:
     """Run ``args.steps`` scheduled steps through ``runner``, planting the faults unless told not to."""
-    from capture_core.checks import AddressDriftError
+    from capture_core.errors import AddressDriftError
     from capture_core.faults import FaultNotPlantable
     from capture_core.reference import ContinuousBatchScheduler
 

@@ -216,17 +216,17 @@ def _findings_from_exception(excinfo: pytest.ExceptionInfo[BaseException] | None
     """A graph-cache error raised through a test (a DEBUG-mode finding of a replay check, an
     unexpected capture): the violations it was raised for, as if an observer had seen them; an
     error raised for none, by its kind and message."""
-    checks = sys.modules.get("capture_core.checks")
-    if excinfo is None or checks is None or not excinfo.errisinstance(checks.GraphCacheError):
+    errors = sys.modules.get("capture_core.errors")
+    if excinfo is None or errors is None or not excinfo.errisinstance(errors.GraphCacheError):
         return []
     events = getattr(excinfo.value, "events", ())
     if events:
         return [_finding_from_event(event, item) for event in events]
+    from capture_core.events import ViolationKind
     from inspector.gating.report import Finding
 
-    kinds = {error.__name__: kind.value for kind, error in checks.ERRORS.items()}
-    kinds["UnexpectedCaptureError"] = "unexpected_capture"
-    kind = kinds.get(excinfo.type.__name__, "graph_cache_error")
+    kinds = {kind.record.error: kind.value for kind in ViolationKind if kind.record.error is not None}
+    kind = kinds.get(excinfo.type, "graph_cache_error")
     return [Finding(kind=kind, message=str(excinfo.value), where=item.nodeid)]
 
 

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, and_, func, select
 
+from capture_core.events import ViolationKind
 from inspector.reading.traffic import TrafficTotals, eager_totals, replay_totals, run_traffic
 from inspector.recording.losses import Sidecar, run_losses
 from inspector.storage.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
@@ -93,8 +94,7 @@ METRICS: tuple[MetricSpec, ...] = (
         f"{PREFIX}violations_total",
         "counter",
         ("kind",),
-        "Violations seen (every occurrence), by kind: address_drift, layout_mismatch, stale_input, "
-        "unexpected_capture, replay_mismatch, rank_divergence, rerecord_storm, compile_skip",
+        f"Violations seen (every occurrence), by kind: {', '.join(kind.value for kind in ViolationKind)}.",
     ),
     MetricSpec(
         f"{PREFIX}compile_events_total",

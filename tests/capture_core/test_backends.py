@@ -15,8 +15,8 @@ from capture_core.backends import (
     pool_reserved_bytes,
     select_backend,
 )
-from capture_core.checks import GraphCacheError
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import GraphCacheError
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.runtime import GraphRuntime

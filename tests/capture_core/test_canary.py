@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from capture_core.canary import _PIECE, TOLERANCES, Sampling, _bit_sum
-from capture_core.checks import ReplayMismatchError
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import ReplayMismatchError
 from capture_core.events import ViolationKind
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode

@@ -5,13 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capture_core.checks import (
-    AddressCheckMode,
-    AddressDriftError,
-    ParameterNames,
-    effective_check_mode,
-)
+from capture_core.checks import AddressCheckMode, ParameterNames, effective_check_mode
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import AddressDriftError
 from capture_core.events import ViolationKind
 from capture_core.forward_context import set_forward_context
 from capture_core.inputs import InputLayout

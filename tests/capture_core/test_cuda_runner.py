@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from capture_core.backends import pool_reserved_bytes
-from capture_core.checks import AddressCheckMode, AddressDriftError
+from capture_core.checks import AddressCheckMode
+from capture_core.errors import AddressDriftError, UnexpectedCaptureError
 from capture_core.events import ViolationKind
 from capture_core.modes import CUDAGraphMode
 from capture_core.reference import ModelConfig, ReferenceDecoder
 from capture_core.runner import DecodeRunner
-from capture_core.runtime import GraphRuntime, UnexpectedCaptureError
+from capture_core.runtime import GraphRuntime
 
 pytestmark = pytest.mark.cuda
 

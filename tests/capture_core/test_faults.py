@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from capture_core.buffers import BufferSpec, StaticBuffers
-from capture_core.checks import AddressDriftError
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import AddressDriftError
 from capture_core.events import ViolationKind
 from capture_core.faults import FaultNotPlantable
 from capture_core.mixed_runner import MixedBatchRunner

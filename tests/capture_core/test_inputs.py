@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from capture_core.canary import Sampling
-from capture_core.checks import LayoutMismatchError, ParameterNames
+from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import LayoutMismatchError
 from capture_core.events import ViolationKind
 from capture_core.forward_context import set_forward_context
 from capture_core.inputs import MAX_DEPTH, InputLayout

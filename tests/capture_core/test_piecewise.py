@@ -6,14 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from capture_core.checks import AddressDriftError
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import AddressDriftError, UnexpectedCaptureError
 from capture_core.events import CaptureEvent, NullObserver, ViolationEvent, ViolationKind
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.piecewise import PiecewiseGraph, attention_boundary, is_break_point, split_at_break_points
 from capture_core.reference import ModelConfig, ReferenceDecoder, flatten_requests
-from capture_core.runtime import GraphRuntime, UnexpectedCaptureError
+from capture_core.runtime import GraphRuntime
 from capture_core.sizes import EagerReason
 
 PIECEWISE = CUDAGraphMode.PIECEWISE

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from capture_core.canary import Sampling
-from capture_core.checks import AddressDriftError
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import AddressDriftError, UnexpectedCaptureError
 from capture_core.events import ViolationKind
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.reference import ModelConfig, ReferenceDecoder
 from capture_core.runner import DecodeRunner
-from capture_core.runtime import GraphRuntime, UnexpectedCaptureError
+from capture_core.runtime import GraphRuntime
 from capture_core.sizes import EagerReason
 from capture_core.wrapper import CUDAGraphWrapper
 

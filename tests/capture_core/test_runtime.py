@@ -8,12 +8,12 @@ import threading
 import pytest
 import torch
 
-from capture_core.checks import GraphCacheError
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import GraphCacheError, UnexpectedCaptureError
 from capture_core.events import ViolationKind
 from capture_core.forward_context import get_forward_context, set_forward_context
 from capture_core.modes import CUDAGraphMode
-from capture_core.runtime import CapturePhase, GraphRuntime, UnexpectedCaptureError, UnexpectedCapturePolicy
+from capture_core.runtime import CapturePhase, GraphRuntime, UnexpectedCapturePolicy
 from capture_core.sizes import EagerReason
 from capture_core.wrapper import CUDAGraphWrapper
 

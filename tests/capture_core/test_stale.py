@@ -9,8 +9,8 @@ import itertools
 import pytest
 import torch
 
-from capture_core.checks import GraphCacheError, StaleInputError
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import GraphCacheError, StaleInputError
 from capture_core.events import ViolationKind
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode

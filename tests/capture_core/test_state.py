@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from capture_core.canary import Sampling
-from capture_core.checks import AddressDriftError
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import AddressDriftError
 from capture_core.events import ViolationKind
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode

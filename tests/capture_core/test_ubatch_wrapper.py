@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from capture_core.checks import AddressDriftError, GraphCacheError
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import AddressDriftError, GraphCacheError, UnexpectedCaptureError
 from capture_core.events import ViolationKind
 from capture_core.forward_context import get_forward_context, set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.reference import ModelConfig, ReferenceDecoder
 from capture_core.reference.overlap import CommOverlapDecoder
-from capture_core.runtime import GraphRuntime, UnexpectedCaptureError
+from capture_core.runtime import GraphRuntime
 from capture_core.sizes import EagerReason
 from capture_core.ubatch.context import dbo_current_ubatch_id, dbo_enabled
 from capture_core.ubatch.slices import UBatchSlice, maybe_create_ubatch_slices

@@ -243,7 +243,8 @@ def test_a_graph_captured_elsewhere_is_adopted_and_its_replays_are_checked(obser
 def test_an_adopted_graph_s_per_step_inputs_are_snapshot_before_each_replay(observer):
     """A graph captured elsewhere holds no snapshot of its own: the wrapper takes it before each
     replay, so a buffer written where no counter sees it is no stale input, and one not written is."""
-    from capture_core.checks import ParameterNames, StaleInputError
+    from capture_core.checks import ParameterNames
+    from capture_core.errors import StaleInputError
     from capture_core.inputs import InputLayout
     from capture_core.wrapper import GraphEntry
 

@@ -155,7 +155,7 @@ def test_violations_page_shows_findings_as_text_and_runs_no_injected_script(visi
     assert page.evaluate("() => window.__pwned") is None
     assert page.locator("main img").count() == 0
     assert page.locator(".badge.injected").count() == 2
-    page.locator("details summary").first.click()
+    page.locator("article.violation details summary").first.click()
     assert "Traceback" in page.locator("pre.stack").first.inner_text()
     page.select_option("select[name=kind]", "unexpected_capture")
     page.wait_for_url("**/violations?*kind=unexpected_capture*")

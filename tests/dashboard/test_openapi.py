@@ -26,11 +26,11 @@ from openapi_spec_validator import validate as validate_openapi
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from dashboard.api import openapi_document
 from tests.support.daemon import Daemon
 from tests.support.sample import seed_job
 
-DOCUMENT_PATH = Path(__file__).resolve().parents[2] / "dashboard" / "openapi.json"
-DOCUMENT = json.loads(DOCUMENT_PATH.read_text())
+DOCUMENT = openapi_document()
 BASE = "urn:graph-inspector:openapi"
 REGISTRY = Registry().with_resource(BASE, Resource.from_contents(DOCUMENT, default_specification=DRAFT202012))
 TOKEN = "openapi-t0k"
@@ -259,6 +259,8 @@ def test_unknown_api_paths_answer_the_error_envelope(daemon: Daemon) -> None:
 def query_values(parameter: dict[str, Any]) -> st.SearchStrategy[str | None]:
     """Values for one documented query argument: absent, valid, at and past its bounds, or junk."""
     schema = parameter["schema"]
+    if "$ref" in schema:
+        schema = resolve(schema["$ref"])
     choices: list[st.SearchStrategy[Any]] = [st.none(), st.text(max_size=8)]
     if "enum" in schema:
         choices.append(st.sampled_from(schema["enum"]))

@@ -300,7 +300,7 @@ def test_an_error_raised_for_no_violation_is_named_by_its_message(
 ) -> None:
     pytester.makepyfile(test_misuse="""
         import torch
-        from capture_core.checks import GraphCacheError
+        from capture_core.errors import GraphCacheError
 
         def test_misuse():
             raise GraphCacheError("wrapper 'double': the static buffers are too small for 64 tokens")

@@ -16,14 +16,20 @@ import torch
 from torch import nn
 
 from capture_core.canary import Sampling
-from capture_core.checks import AddressDriftError, LayoutMismatchError, ReplayMismatchError, StaleInputError
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import (
+    AddressDriftError,
+    LayoutMismatchError,
+    ReplayMismatchError,
+    StaleInputError,
+    UnexpectedCaptureError,
+)
 from capture_core.events import ViolationKind
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.piecewise import PiecewiseGraph
 from capture_core.reference import ModelConfig, ReferenceDecoder, flatten_requests
-from capture_core.runtime import GraphRuntime, UnexpectedCaptureError
+from capture_core.runtime import GraphRuntime
 from capture_core.ubatch.slices import maybe_create_ubatch_slices
 from capture_core.ubatch.wrapper import UBatchWrapper
 from capture_core.wrapper import CUDAGraphWrapper

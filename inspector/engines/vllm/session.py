@@ -29,8 +29,9 @@ from dataclasses import replace
 from typing import Any
 
 from capture_core.backends import CapturedGraph, GraphBackend
-from capture_core.checks import GraphCacheError, ParameterNames
+from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import GraphCacheError
 from capture_core.events import CaptureEvent, NullObserver, ViolationEvent
 from capture_core.forward_context import ForwardContext
 from capture_core.modes import CUDAGraphMode

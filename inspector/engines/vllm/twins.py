@@ -19,8 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from capture_core.checks import GraphCacheError, ParameterNames
+from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
+from capture_core.errors import GraphCacheError
 from capture_core.inputs import InputLayout
 from capture_core.modes import CUDAGraphMode
 from capture_core.wrapper import CUDAGraphWrapper, GraphCall, GraphEntry
