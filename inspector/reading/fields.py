@@ -7,9 +7,14 @@ Times stay UNIX epoch seconds, memory bytes; addresses come as integers and as h
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import func, select
+
+from capture_core.events import ViolationKind
 from inspector.storage.models import CompileRecord, Graph, Run, Violation
+from inspector.storage.store import Reader
 
 
 def address_hex(address: int | None) -> str | None:
@@ -70,6 +75,44 @@ def violation(row: Violation) -> dict[str, Any]:
         "injected": bool(row.injected),
         **_columns(row, "count", "first_seen_at", "last_seen_at"),
     }
+
+
+def linked_violations(db: Reader, rows: Sequence[Violation]) -> list[dict[str, Any]]:
+    """``violation`` for each row, with what a page links it to: the graph it was found in
+    (``graph_id``: its run's newest serving graph of that mode and key; None when the run holds none,
+    as for a rank that never captured the graph it diverged on) and its run's ``job``."""
+    run_ids = sorted({v.run_id for v in rows})
+    if not run_ids:
+        return []
+    g = Graph
+    graphs = {
+        (run_id, mode, key): graph_id
+        for run_id, mode, key, graph_id in db.execute(
+            select(g.run_id, g.mode, g.descriptor_key, func.max(g.id))
+            .where(g.run_id.in_(run_ids), g.discarded.is_(False))
+            .group_by(g.run_id, g.mode, g.descriptor_key)
+        )
+    }
+    jobs = dict(db.execute(select(Run.id, Run.job).where(Run.id.in_(run_ids))).all())
+    return [violation(v) | {"graph_id": graphs.get((v.run_id, v.mode, v.descriptor_key)),
+                            "job": jobs.get(v.run_id)} for v in rows]
+
+
+def injected_captures(db: Reader, graph_ids: Sequence[int] | None = None, run_ids: Sequence[int] | None = None
+                      ) -> set[int]:
+    """The graphs (of ``graph_ids``, or of ``run_ids``, or every one) captured by an unexpected capture
+    planted on purpose: its ``unexpected_capture`` violation is marked injected (the demo plants one)."""
+    g, v = Graph, Violation
+    query = (
+        select(g.id).distinct()
+        .join(v, (v.run_id == g.run_id) & (v.mode == g.mode) & (v.descriptor_key == g.descriptor_key))
+        .where(g.unexpected.is_(True), v.kind == ViolationKind.UNEXPECTED_CAPTURE.value, v.injected.is_(True))
+    )
+    if graph_ids is not None:
+        query = query.where(g.id.in_(graph_ids))
+    if run_ids is not None:
+        query = query.where(g.run_id.in_(run_ids))
+    return set(db.scalars(query))
 
 
 def compile_event(row: CompileRecord) -> dict[str, Any]:

@@ -54,9 +54,12 @@ class GraphQueries(RunQueries):
             order.insert(0, Graph.wrapper)
         with self._session() as session:
             total, graphs = page_of(session, Graph, filters, order, page, per_page)
-            traffic = replay_totals(session, ReplayTotal.graph_id, graph_ids=[g.id for g in graphs])
+            ids = [g.id for g in graphs]
+            traffic = replay_totals(session, ReplayTotal.graph_id, graph_ids=ids)
+            injected = fields.injected_captures(session, graph_ids=ids)
             none = TrafficTotals()
-            items = [{**fields.graph(g), "traffic": traffic.get((g.id,), none).as_dict()} for g in graphs]
+            items = [{**fields.graph(g), "injected": g.id in injected,
+                      "traffic": traffic.get((g.id,), none).as_dict()} for g in graphs]
         return Page(items, page, per_page, total)
 
     def start_up_graphs(self, run_ids: Sequence[int] | None = None) -> list[tuple[int, float, int]]:
@@ -118,6 +121,7 @@ class GraphQueries(RunQueries):
             slices = json.loads(graph.ubatch_slices or "[]")
             return {
                 **fields.graph(graph),
+                "injected": bool(fields.injected_captures(session, graph_ids=[graph_id])),
                 "run": fields.run(graph.run) | {
                     "live": self._is_live(graph.run),
                     "dropped_events": self._losses(session, graph.run_id).events,
@@ -133,7 +137,7 @@ class GraphQueries(RunQueries):
                 ],
                 "traffic": replay_totals(session, graph_ids=[graph_id]).get((), TrafficTotals()).as_dict(),
                 "history": [_window_fields(*window) for window in reversed(windows)],
-                "violations": [fields.violation(v) for v in violations],
+                "violations": fields.linked_violations(session, violations),
             }
 
 

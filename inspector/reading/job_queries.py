@@ -11,7 +11,7 @@ from inspector.ranks.check import captured_graphs, job_runs, rank_matrix
 from inspector.reading import fields
 from inspector.reading.listing import VIOLATION_ORDER, Page
 from inspector.reading.run_queries import RunQueries
-from inspector.reading.traffic import integer_sum, replay_totals
+from inspector.reading.traffic import replay_totals
 from inspector.storage.models import ReplayTotal, Run, Violation
 
 RANK_DIVERGENCE = ViolationKind.RANK_DIVERGENCE.value
@@ -35,16 +35,22 @@ class JobQueries(RunQueries):
                 .offset((page - 1) * per_page)
                 .limit(per_page)
             ).all()
-            divergences = dict(session.execute(
-                select(r.job, integer_sum(Violation.count))
+            jobs = [row[0] for row in rows]
+            divergences = dict(session.execute(  # findings, as the job's ranks page counts them
+                select(r.job, func.count(Violation.id))
                 .join(r, r.id == Violation.run_id)
-                .where(r.job.in_([row[0] for row in rows]), Violation.kind == RANK_DIVERGENCE)
+                .where(r.job.in_(jobs), Violation.kind == RANK_DIVERGENCE)
                 .group_by(r.job)
+            ).all())
+            # When every run of a job has ended, the job has: its last run's end.
+            ended = dict(session.execute(
+                select(r.job, func.max(r.ended_at)).where(r.job.in_(jobs)).group_by(r.job)
+                .having(func.count(r.id) == func.count(r.ended_at))
             ).all())
             live = set(session.scalars(select(r.job).where(r.id.in_(self.live_run_ids()))))
         items = [
             {"job": job, "ranks": ranks, "world_size": world, "started_at": started, "last_seen_at": seen,
-             "live": job in live, "divergences": divergences.get(job, 0)}
+             "ended_at": ended.get(job), "live": job in live, "divergences": divergences.get(job, 0)}
             for job, ranks, world, started, seen in rows
         ]
         return Page(items, page, per_page, total)
@@ -75,9 +81,10 @@ class JobQueries(RunQueries):
                 .order_by(*VIOLATION_ORDER)
             ).all()
             rank_of = {run.run_id: rank for rank, run in ranks.items()}
-            divergences = [{"rank": rank_of[v.run_id], "violation": fields.violation(v)} for v in found]
+            divergences = [{"rank": rank_of[v.run_id], "violation": linked}
+                           for v, linked in zip(found, fields.linked_violations(session, found), strict=True)]
             diverged = {(rank_of[v.run_id], v.mode, v.descriptor_key) for v in found}
-            per_run = {run_id: sum(v.count for v in found if v.run_id == run_id) for run_id in run_ids}
+            per_run = {run_id: sum(1 for v in found if v.run_id == run_id) for run_id in run_ids}  # findings
             # One query for the runs, not one a rank.
             loaded = {run.id: run for run in session.scalars(select(Run).where(Run.id.in_(run_ids)))}
             runs = self._run_rows(session, [loaded[run_id] for run_id in run_ids])

@@ -24,7 +24,14 @@ from inspector.reading import fields
 from inspector.reading.graph_queries import GraphQueries
 from inspector.reading.job_queries import JobQueries
 from inspector.reading.listing import VIOLATION_ORDER, Page, equal, page_of
-from inspector.reading.traffic import eager_totals, integer_sum, replay_totals, run_traffic
+from inspector.reading.traffic import (
+    eager_totals,
+    integer_sum,
+    never_captured,
+    never_captured_line,
+    replay_totals,
+    run_traffic,
+)
 from inspector.storage.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
 
 COMPILE_KINDS = ("compile_skip", "compile_rerecord")
@@ -70,6 +77,13 @@ class Queries(GraphQueries, JobQueries):
             traffic = run_traffic(session, scope)
             eager = eager_totals(session, EagerTotal.reason, EagerTotal.mode, run_ids=scope)
             by_size = replay_totals(session, ReplayTotal.captured_size, ReplayTotal.mode, run_ids=scope)
+            injected_graphs = len(fields.injected_captures(session, run_ids=scope))
+            planted = select(Violation.kind, func.count(Violation.id)).where(Violation.injected.is_(True))
+            if run_id is not None:
+                planted = planted.where(Violation.run_id == run_id)
+            injected = dict(session.execute(planted.group_by(Violation.kind)).all())
+            waiting = never_captured(session, scope)
+            labels = dict(session.execute(select(Run.id, Run.label).where(Run.id.in_(list(waiting)))).all())
             compile_filter = [] if run_id is None else [CompileRecord.run_id == run_id]
             compile_kinds = dict(
                 session.execute(
@@ -89,14 +103,20 @@ class Queries(GraphQueries, JobQueries):
                 "pool_bytes": totals[1] or 0,
                 "capture_seconds": totals[2] or 0.0,
                 "unexpected": totals[3] or 0,
+                "injected": injected_graphs,
                 "discarded": discarded,
             },
+            "never_captured": [
+                {"run": rid, "label": labels[rid], "batches": batches,
+                 "message": never_captured_line(batches)}
+                for rid, batches in sorted(waiting.items())
+            ],
             "traffic": traffic.as_dict(),
             "eager": [
                 {"reason": reason, "mode": mode, "batches": batches, "num_real_tokens": tokens}
                 for (reason, mode), (batches, tokens) in sorted(eager.items(), key=lambda item: -item[1][0])
             ],
-            "violations": {"findings": sum(kinds.values()), "by_kind": kinds},
+            "violations": {"findings": sum(kinds.values()), "by_kind": kinds, "injected": injected},
             "compile": {"by_kind": compile_kinds},
             "charts": {
                 "series": [
@@ -129,12 +149,12 @@ class Queries(GraphQueries, JobQueries):
         filters = equal((Violation.run_id, run_id), (Violation.kind, kind))
         with self._session() as session:
             total, rows = page_of(session, Violation, filters, VIOLATION_ORDER, page, per_page)
-            return Page([fields.violation(v) for v in rows], page, per_page, total)
+            return Page(fields.linked_violations(session, rows), page, per_page, total)
 
     def violation(self, violation_id: int) -> dict[str, Any] | None:
         with self._session() as session:
             found = session.get(Violation, violation_id)
-            return fields.violation(found) if found else None
+            return fields.linked_violations(session, [found])[0] if found else None
 
     # torch.compile
 

@@ -7,6 +7,7 @@ of ``inspector.reading.queries.Queries`` build on it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -100,7 +101,8 @@ class RunQueries:
             database = self.engine.url.render_as_string(hide_password=True)
             gate = compare(run_figures(session, a, database), run_figures(session, b, database))
         by_size = sorted(sizes.values(), key=lambda e: (e["mode"], e["captured_size"]))
-        return {"a": rows[0], "b": rows[1], "by_size": by_size, "gate": gate.as_dict()}
+        config = config_rows(rows[0]["config"], rows[1]["config"])
+        return {"a": rows[0], "b": rows[1], "by_size": by_size, "config": config, "gate": gate.as_dict()}
 
     def _run_rows(self, session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
         self.rollup.refresh()
@@ -144,3 +146,20 @@ def _size_row(mode: str, size: int) -> dict[str, Any]:
     """One capture size of a run comparison: graphs and pool memory, then traffic, per side."""
     return {"mode": mode, "captured_size": size, "a_graphs": 0, "a_pool_bytes": 0, "b_graphs": 0,
             "b_pool_bytes": 0, "a": None, "b": None}
+
+
+def config_rows(a: Any, b: Any) -> list[dict[str, Any]]:
+    """Two runs' configurations side by side, a row per setting (its value as compact JSON, a list on
+    one line; None where the run has no such setting), the settings that differ first."""
+    a = a if isinstance(a, dict) else {"config": a}
+    b = b if isinstance(b, dict) else {"config": b}
+    missing = object()
+
+    def shown(value: Any) -> str | None:
+        return None if value is missing else json.dumps(value, sort_keys=True)
+
+    rows = [{"key": key, "a": shown(a.get(key, missing)), "b": shown(b.get(key, missing))}
+            for key in sorted(a.keys() | b.keys())]
+    for row in rows:
+        row["differs"] = row["a"] != row["b"]
+    return sorted(rows, key=lambda row: not row["differs"])

@@ -44,7 +44,8 @@ def test_summary_totals_match_the_seeded_traffic(
     assert traffic["padding_waste"] == pytest.approx(
         traffic["padding_tokens"] / (traffic["padding_tokens"] + traffic["num_real_tokens"])
     )
-    assert data["violations"] == {"findings": 3, "by_kind": {"address_drift": 2, "unexpected_capture": 1}}
+    assert data["violations"] == {"findings": 3, "by_kind": {"address_drift": 2, "unexpected_capture": 1},
+                                  "injected": {"address_drift": 1, "unexpected_capture": 1}}
     assert [e["reason"] for e in data["eager"]] == ["above_max_capture_size"]
     charts = data["charts"]
     assert charts["series"] and charts["waste_by_size"] and charts["batch_sizes"]

@@ -375,3 +375,143 @@ def test_an_ended_runs_graph_pages_say_what_happened(browser: object, one_window
         assert_one_dot_per_line(visit, "chart-history", lines=1)
     finally:
         visit.close()
+
+
+# ------------------------------------------------------------------ what the pages promise (issue 27)
+
+
+def _planted_faults_run(url: str) -> None:
+    """A run like the demo's: decode graphs, an address drift and an unexpected capture planted on
+    purpose (labelled injected), the unexpected size captured anyway."""
+    with Recorder(url, label="planted faults", flush_interval=600, job="") as recorder:
+        runtime = GraphRuntime("eager", observer=recorder, progress=False, unexpected_capture="capture")
+        runner = DecodeRunner(ReferenceDecoder(ModelConfig.tiny(max_num_seqs=8, max_seq_len=32)), runtime,
+                              sizes=[1, 2, 4, 8])
+        runner.capture()
+        tokens = (torch.tensor([17, 42, 7]), torch.zeros(3, dtype=torch.long), torch.tensor([0, 3, 5]))
+        runner.step(*tokens)
+        with runtime.injected_faults():
+            runner.inject_address_drift(*tokens)
+            runner.inject_unexpected_capture()
+
+
+def _run_with_no_capture_phase(url: str) -> None:
+    """A runtime configured to capture whose batches all came before any capture phase."""
+    from capture_core import BatchDescriptor, CUDAGraphMode, CUDAGraphWrapper
+    from capture_core.forward_context import set_forward_context
+
+    with Recorder(url, label="no capture phase", flush_interval=600, job="") as recorder:
+        wrapped = CUDAGraphWrapper(lambda x: x * 2, GraphRuntime("eager", observer=recorder, progress=False))
+        static = torch.zeros(8)
+        for size in (1, 2, 4, 8, 8):
+            with set_forward_context(CUDAGraphMode.FULL, BatchDescriptor(size)):
+                wrapped(static[:size])
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon on: the planted-faults run (1), the run with no capture phase (2), and a job of two
+    ranks (3, 4) whose one divergence was seen five times."""
+    from sqlalchemy import select
+
+    from inspector.storage.models import Violation
+    from inspector.storage.writer import add_to_violation
+    from tests.support.sample import seed_job
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('faults') / 'inspector.db'}"
+    _planted_faults_run(url)
+    _run_with_no_capture_phase(url)
+    seed_job(url, "torchrun:faults-job")
+    store = open_store(url)
+    with store.writer() as conn:
+        divergences = select(Violation.id).where(Violation.kind == "rank_divergence")
+        first = conn.scalar(divergences.order_by(Violation.id))
+        add_to_violation(conn, first, 4, 1.0e9)
+    store.dispose()
+    with Daemon(url) as running:
+        yield running
+
+
+@pytest.fixture
+def at(browser: object, faults: Daemon) -> Iterator[Visit]:
+    opened = Visit(browser, faults)
+    yield opened
+    opened.close()
+
+
+NEVER_CAPTURED = ("captured no graph: its 5 batch(es) ran eagerly, before any capture phase. Graphs are "
+                  "captured only inside `with runtime.capture_phase():` (a runner's capture() opens one).")
+
+
+def test_the_overview_says_which_run_captured_no_graph_and_marks_what_was_injected(at: Visit) -> None:
+    page = at.open("/")
+    notice = page.locator(".never-captured")
+    assert notice.count() == 1 and notice.inner_text() == f"Run #2 no capture phase {NEVER_CAPTURED}"
+    assert page.locator(".never-captured a").get_attribute("href") == "/?run=2"
+    graphs_note = page.locator(".kpi", has_text="Graphs captured").locator(".kpi-note").inner_text()
+    assert graphs_note.endswith("1 unexpected injected"), graphs_note
+    violations_note = page.locator(".kpi", has_text="Violations").locator(".kpi-note").inner_text()
+    assert "1 address drift injected" in violations_note
+    assert "1 unexpected capture injected" in violations_note
+    assert "rank divergence injected" not in violations_note
+    assert at.open("/?run=1").locator(".never-captured").count() == 0
+
+
+def test_the_graphs_list_marks_the_graph_an_injected_unexpected_capture_made(at: Visit) -> None:
+    rows = at.open("/graphs?run=1").locator("#graphs-table tbody tr")
+    marked = [row.inner_text() for row in rows.all() if row.locator(".badge.injected").count()]
+    assert len(marked) == 1 and "unexpected" in marked[0]
+
+
+def test_a_violation_links_to_its_graph_and_a_rank_divergence_to_its_job(at: Visit) -> None:
+    page = at.open("/violations?kind=address_drift")
+    link = page.locator(".violation .graph-link").first
+    link.click()
+    page.wait_for_url("**/graphs/*")
+    assert page.locator("h1").inner_text().startswith("Graph ")
+    assert "address drift" in page.locator("section.panel", has_text="Violations of this graph").inner_text()
+    page = at.open("/violations?kind=rank_divergence")
+    assert page.locator(".violation").count() == 3
+    page.locator(".violation .job-link").first.click()
+    page.wait_for_url("**/ranks?job=*")
+    assert page.locator("h1").inner_text() == "Job torchrun:faults-job"
+
+
+def test_jobs_count_divergences_as_the_ranks_page_does_and_say_when_a_job_ended(at: Visit) -> None:
+    page = at.open("/jobs")
+    row = page.locator("#jobs-table tbody tr", has_text="torchrun:faults-job")
+    cells = row.locator("td").all_inner_texts()
+    assert cells[3].startswith("ended ") and "last seen" not in cells[3], cells
+    assert cells[4] == "3", "three distinct divergences, one of them seen five times"
+    row.locator("td").nth(4).locator("a").click()
+    page.wait_for_url("**/ranks?job=*")
+    assert page.locator("#ranks-verdict").inner_text().startswith("3 rank divergence(s)")
+
+
+SETTING_LINES = """() => [...document.querySelectorAll("tr.config-setting")].map((row) => ({
+    key: row.querySelector("th").innerText, differs: row.classList.contains("differs"),
+    lines: [...row.querySelectorAll("td")].map((cell) => {
+        const range = document.createRange();
+        range.selectNodeContents(cell);
+        return new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size;
+    }),
+}))"""
+
+
+def test_the_compare_page_lists_each_setting_on_a_line_the_differing_ones_first_and_marked(at: Visit) -> None:
+    from inspector.storage.models import Run
+
+    store = open_store(at.daemon.command[at.daemon.command.index("--db") + 1])
+    with store.writer() as conn:
+        conn.execute(Run.__table__.update().where(Run.id == 1).values(
+            config='{"sizes": [1, 2, 4, 8], "mode": "full", "checks": "always_on"}'))
+        conn.execute(Run.__table__.update().where(Run.id == 2).values(
+            config='{"sizes": [1, 2, 4, 8, 16], "mode": "full", "checks": "debug"}'))
+    store.dispose()
+    page = at.open("/runs/compare?a=1&b=2")
+    settings = page.evaluate(SETTING_LINES)
+    assert [(s["key"].split()[0], s["differs"]) for s in settings] == [
+        ("checks", True), ("sizes", True), ("mode", False)]
+    assert all(s["lines"] == [1, 1] for s in settings), settings
+    assert page.locator("#config-verdict").inner_text() == "2 of 3 setting(s) differ, marked and listed first"
+    assert "[1, 2, 4, 8, 16]" in page.locator("tr.config-setting.differs", has_text="sizes").inner_text()
