@@ -66,10 +66,14 @@ def ratio_standard_error(sizes: list[int], table: SizeTable) -> float:
     return math.sqrt(variance / len(sizes)) / (sum(pads) / len(pads))
 
 
-def policy_figures(stats: PaddingStats) -> dict[str, float | int]:
+def _rounded(figure: float | None) -> float | None:
+    return None if figure is None else round(figure, 6)
+
+
+def policy_figures(stats: PaddingStats) -> dict[str, float | int | None]:
     return {
-        "waste": round(stats.waste, 6),
-        "hit_rate": round(stats.hit_rate, 6),
+        "padding_waste": _rounded(stats.padding_waste),
+        "hit_ratio": _rounded(stats.hit_ratio),
         "padding_tokens": stats.padding_tokens,
         "captured_tokens": stats.captured_tokens,
         "eager_steps": stats.steps - stats.replayed_steps,
@@ -122,9 +126,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         error = ratio_standard_error(uniform_sizes, table)
         uniform[policy] = {
             **policy_figures(sampled),
-            "exact_waste": round(exact, 6),
+            "exact_padding_waste": round(exact, 6),
             "standard_error": round(error, 6),
-            "matches_exact": abs(sampled.waste - exact) <= 5 * error,
+            "matches_exact": abs((sampled.padding_waste or 0.0) - exact) <= 5 * error,
         }
 
     return {
@@ -136,7 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "config": {"max_batch": args.max_batch, "steps_per_speedup": args.steps, "seed": args.seed,
                    "warmup_steps": args.warmup_steps, "trace": trace.source,
                    "capture_sizes": {p: list(t.sizes) for p, t in tables.items()}},
-        "waste_definition": "padded tokens / tokens computed by replayed graphs",
+        "padding_waste_definition": "padded tokens / tokens computed by replayed graphs",
         "trace": trace_rows,
         "trace_combined": combined,
         "demo": demo,
@@ -156,8 +160,8 @@ def print_table(result: dict[str, object]) -> None:
     def line(name: str, row: dict) -> None:
         b = row["batch"]
         span = f"{b['min']}..{b['max']} ({b['mean']:.0f})"
-        print(f"{name:<22}{span:>24}{pct(row['pow2']['waste']):>12}{pct(row['vllm']['waste']):>12}"
-              f"{pct(row['pow2']['hit_rate']):>10}{pct(row['vllm']['hit_rate']):>10}")
+        print(f"{name:<22}{span:>24}{pct(row['pow2']['padding_waste']):>12}{pct(row['vllm']['padding_waste']):>12}"
+              f"{pct(row['pow2']['hit_ratio']):>10}{pct(row['vllm']['hit_ratio']):>10}")
 
     for row in result["trace"]:  # type: ignore[union-attr]
         line(f"trace x{row['speedup']:g}", row)
@@ -168,7 +172,7 @@ def print_table(result: dict[str, object]) -> None:
     for policy in POLICIES:
         u = result["uniform"][policy]  # type: ignore[index]
         verdict = "matches" if u["matches_exact"] else "DOES NOT MATCH"
-        print(f"uniform {policy}: sampled {pct(u['waste'])} vs exact {pct(u['exact_waste'])} "
+        print(f"uniform {policy}: sampled {pct(u['padding_waste'])} vs exact {pct(u['exact_padding_waste'])} "
               f"(standard error {100 * u['standard_error']:.3f} pts): {verdict}")
 
 

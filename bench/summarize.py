@@ -171,19 +171,21 @@ def _padding_headline(payload: dict[str, Any]) -> str:
     parts = []
     combined = payload.get("trace_combined")
     if combined:
-        pow2, vllm = pct(combined["pow2"]["waste"]), pct(combined["vllm"]["waste"])
+        pow2, vllm = pct(combined["pow2"]["padding_waste"]), pct(combined["vllm"]["padding_waste"])
         parts.append(f"trace, all speedups: waste pow2 {pow2} vs vLLM list {vllm}")
     mixed = payload.get("mixed")
     if mixed:
+        pow2, vllm = mixed["pow2"], mixed["vllm"]
         parts.append(
-            f"chunked prefill: waste {pct(mixed['pow2']['waste'])} vs {pct(mixed['vllm']['waste'])}, "
-            f"hit rate {pct(mixed['pow2']['hit_rate'])} vs {pct(mixed['vllm']['hit_rate'])}"
+            f"chunked prefill: waste {pct(pow2['padding_waste'])} vs {pct(vllm['padding_waste'])}, "
+            f"hit rate {pct(pow2['hit_ratio'])} vs {pct(vllm['hit_ratio'])}"
         )
     uniform = payload.get("uniform")
     if uniform:
+        pow2, vllm = uniform["pow2"], uniform["vllm"]
         parts.append(
-            f"uniform: pow2 {pct(uniform['pow2']['waste'])} (exact {pct(uniform['pow2']['exact_waste'])}), "
-            f"vLLM {pct(uniform['vllm']['waste'])} (exact {pct(uniform['vllm']['exact_waste'])})"
+            f"uniform: pow2 {pct(pow2['padding_waste'])} (exact {pct(pow2['exact_padding_waste'])}), "
+            f"vLLM {pct(vllm['padding_waste'])} (exact {pct(vllm['exact_padding_waste'])})"
         )
     return "; ".join(parts) or "see the JSON"
 

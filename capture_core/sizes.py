@@ -90,6 +90,20 @@ class Padding:
         return 0 if self.captured_size is None else self.captured_size - self.num_real_tokens
 
 
+def hit_ratio(replays: int, eager_batches: int) -> float | None:
+    """Batches replayed over all batches (replayed + eager), 0..1; None before any batch. The one
+    formula: the inspector's ``TrafficTotals`` and the reference workload's figures use it."""
+    batches = replays + eager_batches
+    return replays / batches if batches else None
+
+
+def padding_waste(num_real_tokens: int, padding_tokens: int) -> float | None:
+    """Padding tokens over the tokens the graphs computed (``num_real_tokens`` and
+    ``padding_tokens`` of replays only), 0..1; None before any replay. The one formula."""
+    computed = num_real_tokens + padding_tokens
+    return padding_tokens / computed if computed else None
+
+
 class SizeTable:
     """Pads any batch up to the smallest capture size that holds it.
 

@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.layers import (
     forbidden_loaded,
+    import_cycles,
     loaded_modules,
     module_files,
     outside,
@@ -56,6 +57,10 @@ def test_the_cache_modules_import_nothing_of_the_reference_workload() -> None:
 
 def test_the_inspector_imports_nothing_of_the_dashboard_or_flask() -> None:
     assert static_violations(REPO, "inspector", WEB) == []
+
+
+def test_no_modules_of_the_inspector_import_each_other_in_a_circle() -> None:
+    assert import_cycles(REPO, "inspector") == []
 
 
 def test_recording_and_storage_import_nothing_of_reading_or_gating() -> None:
@@ -140,6 +145,7 @@ def test_a_planted_flask_import_in_the_inspector_is_found_statically_and_at_run_
 
 def test_a_planted_import_of_reading_in_storage_is_found_statically_and_at_run_time(tmp_path: Path) -> None:
     root = _copy("inspector", tmp_path)
+    _copy("capture_core", tmp_path)  # the inspector imports the checkout's cache, not an installed one
     _plant(root, "inspector/storage/planted.py", """\
         def late():
             from inspector.reading.traffic import TrafficTotals  # imported only when called
@@ -155,3 +161,17 @@ def test_a_planted_import_of_reading_in_storage_is_found_statically_and_at_run_t
     assert "inspector.gating.report" in forbidden_loaded(
         loaded_modules(root, ["inspector.storage.planted"]), READ_STAGES
     )
+
+
+
+def test_a_planted_import_circle_in_the_inspector_is_found(tmp_path: Path) -> None:
+    root = _copy("inspector", tmp_path)
+    _plant(root, "inspector/recording/planted.py", """\
+        from typing import TYPE_CHECKING
+
+        if TYPE_CHECKING:  # for a type only, still a circle
+            from inspector.recording.batch import TrafficWindow
+        """)
+    batch = root / "inspector" / "recording" / "batch.py"
+    batch.write_text(batch.read_text() + "\nfrom inspector.recording import planted  # noqa\n")
+    assert import_cycles(root, "inspector") == [["inspector.recording.batch", "inspector.recording.planted"]]

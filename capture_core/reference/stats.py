@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from capture_core.sizes import SizeTable
+from capture_core.sizes import SizeTable, hit_ratio, padding_waste
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,9 @@ def batch_size_histogram(sizes: Iterable[int]) -> dict[int, int]:
 class PaddingStats:
     """How a capture-size list met a run of batch sizes.
 
-    ``waste`` is padding as a share of the tokens the replayed graphs computed: padding tokens over
-    captured tokens, the same ratio the inspector records per replay window. Batches above the
-    largest capture size run eagerly: they count against ``hit_rate`` and waste nothing.
+    ``padding_waste`` and ``hit_ratio`` are the glossary's, by the one formula of each
+    (``capture_core.sizes``) that the inspector's figures use. Batches above the largest capture
+    size run eagerly: they count against ``hit_ratio`` and waste nothing.
     """
 
     steps: int
@@ -79,13 +79,14 @@ class PaddingStats:
         return self.captured_tokens - (self.num_real_tokens - self.eager_tokens)
 
     @property
-    def waste(self) -> float:
-        return self.padding_tokens / self.captured_tokens if self.captured_tokens else 0.0
+    def padding_waste(self) -> float | None:
+        """Padding tokens over the tokens the replayed graphs computed (None before any replay)."""
+        return padding_waste(self.num_real_tokens - self.eager_tokens, self.padding_tokens)
 
     @property
-    def hit_rate(self) -> float:
-        """Share of steps that replayed a graph (0..1)."""
-        return self.replayed_steps / self.steps if self.steps else 0.0
+    def hit_ratio(self) -> float | None:
+        """Steps that replayed a graph over all steps (None before any step)."""
+        return hit_ratio(self.replayed_steps, self.steps - self.replayed_steps)
 
 
 def padding_stats(sizes: Iterable[int], table: SizeTable) -> PaddingStats:

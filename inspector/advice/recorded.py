@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.advice.costs import CostModel, RecordedGraph
+from inspector.advice.costs import CostModel
 from inspector.advice.sizes import Histogram
 from inspector.errors import UsageError
 from inspector.reading.queries import Queries
@@ -52,8 +52,7 @@ def read_recorded(queries: Queries, run_ids: Sequence[int] | None, source: str) 
     histogram = Histogram.from_counts(queries.rollup.batch_sizes(chosen)) if chosen else Histogram((), ())
     # One query for every run's graphs, their three columns (64 ranks' graphs page by page, with
     # their traffic, took most of a fleet's advice page).
-    graphs = queries.start_up_graphs(None if run_ids is None else chosen)
-    recorded = [RecordedGraph(*graph) for graph in graphs]
+    recorded = queries.start_up_graphs(None if run_ids is None else chosen)
     limits = [limit for run_id in chosen if (limit := _engine_limit(runs[run_id]["config"])) is not None]
     what = f"run {chosen[0]}" if len(chosen) == 1 else f"{len(chosen)} runs pooled"
     return RecordedTraffic(

@@ -192,9 +192,9 @@ def graph_observer(request: pytest.FixtureRequest) -> TestObserver:
 
 
 def _finding_from_event(event: Any, item: pytest.Item) -> Any:
-    from inspector.gating.report import Finding
+    from inspector.gating.report import ReportedViolation
 
-    return Finding(
+    return ReportedViolation(
         kind=event.kind.value,
         message=event.message,
         wrapper=event.wrapper,
@@ -223,11 +223,11 @@ def _findings_from_exception(excinfo: pytest.ExceptionInfo[BaseException] | None
     if events:
         return [_finding_from_event(event, item) for event in events]
     from capture_core.events import ViolationKind
-    from inspector.gating.report import Finding
+    from inspector.gating.report import ReportedViolation
 
     kinds = {kind.record.error: kind.value for kind in ViolationKind if kind.record.error is not None}
     kind = kinds.get(excinfo.type, "graph_cache_error")
-    return [Finding(kind=kind, message=str(excinfo.value), where=item.nodeid)]
+    return [ReportedViolation(kind=kind, message=str(excinfo.value), where=item.nodeid)]
 
 
 FRAME = '  File "'
@@ -287,9 +287,9 @@ class SessionReporter:
         self.state.tests += 1
         for name, value in report.user_properties:
             if name == FINDING_PROPERTY:
-                from inspector.gating.report import Finding
+                from inspector.gating.report import ReportedViolation
 
-                self.state.findings.append(Finding(**json.loads(value)))
+                self.state.findings.append(ReportedViolation(**json.loads(value)))
             elif name == FIGURES_PROPERTY:
                 from inspector.gating.baseline import figures_from_json
 
@@ -368,7 +368,14 @@ class SessionReporter:
 
 
 def _render(state: PluginState) -> str:
-    from inspector.gating.report import SUITE, Case, Finding, finding_dict, gate_cases, render_junit_cases
+    from inspector.gating.report import (
+        SUITE,
+        Case,
+        ReportedViolation,
+        finding_dict,
+        gate_cases,
+        render_junit_cases,
+    )
 
     assert state.report_path is not None
     gate = state.gate
@@ -389,6 +396,6 @@ def _render(state: PluginState) -> str:
     if gate is not None:
         cases += gate_cases(gate)
     if state.gate_error:
-        unread = Finding(kind="baseline_error", message=state.gate_error)
+        unread = ReportedViolation(kind="baseline_error", message=state.gate_error)
         cases.append(Case(f"{SUITE}.baseline", "baseline", unread))
     return render_junit_cases(cases, properties=[("tests", str(state.tests))])

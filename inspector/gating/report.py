@@ -35,7 +35,7 @@ TEXT_STACK_FRAMES = 4
 
 
 @dataclass(frozen=True)
-class Finding:
+class ReportedViolation:
     """One violation as a report shows it (a database row, or an event seen by the pytest plugin)."""
 
     kind: str
@@ -161,7 +161,7 @@ def compile_line(kind: str, function: str, count: int, reason: str) -> str:
 class Report:
     source: str
     runs: list[RunSummary]
-    findings: list[Finding]
+    findings: list[ReportedViolation]
     compile_notes: list[CompileNote] = field(default_factory=list)
     unattributed_losses: Losses = field(default_factory=Losses)
     """Lost by recorders whose run is not in the database (recorded only in its sidecar file)."""
@@ -223,7 +223,7 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
         ):
             runs[v.run_id].violations += 1
             findings.append(
-                Finding(
+                ReportedViolation(
                     kind=v.kind,
                     message=v.message,
                     wrapper=v.wrapper,
@@ -340,7 +340,7 @@ def render_json(report: Report) -> str:
     return json.dumps(payload, indent=2, sort_keys=True) + "\n"
 
 
-def finding_dict(finding: Finding) -> dict[str, object]:
+def finding_dict(finding: ReportedViolation) -> dict[str, object]:
     data = asdict(finding)
     data["title"] = finding.title
     return data
@@ -356,7 +356,7 @@ class Case:
 
     classname: str
     name: str
-    finding: Finding | None = None
+    finding: ReportedViolation | None = None
     comparison: Comparison | None = None
     output: str = ""
     """Said beside a passing case (a run's warnings), as the case's system-out."""

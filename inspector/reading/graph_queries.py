@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from inspector.advice.costs import RecordedGraph
 from inspector.reading import fields
 from inspector.reading.listing import VIOLATION_ORDER, Page, equal, page_of
 from inspector.reading.run_queries import RunQueries
@@ -62,16 +63,18 @@ class GraphQueries(RunQueries):
                       "traffic": traffic.get((g.id,), none).as_dict()} for g in graphs]
         return Page(items, page, per_page, total)
 
-    def start_up_graphs(self, run_ids: Sequence[int] | None = None) -> list[tuple[int, float, int]]:
-        """(captured size, capture seconds, pool bytes) of each graph the runs (every run when None)
-        captured at start-up, not the unexpected ones: what the advice's cost model is fitted to."""
+    def start_up_graphs(self, run_ids: Sequence[int] | None = None) -> list[RecordedGraph]:
+        """Each graph the runs (every run when None) captured at start-up, not the unexpected ones:
+        what the advice's cost model is fitted to."""
         query = select(Graph.captured_size, Graph.capture_seconds, Graph.pool_bytes).where(
             Graph.unexpected.is_(False), Graph.discarded.is_(False))
         if run_ids is not None:
             query = query.where(Graph.run_id.in_(run_ids))
         with self._session() as session:
-            return [(int(size), float(seconds), int(pool)) for size, seconds, pool in session.execute(
-                query.order_by(Graph.id))]
+            return [
+                RecordedGraph(captured_size=int(size), capture_seconds=float(seconds), pool_bytes=int(pool))
+                for size, seconds, pool in session.execute(query.order_by(Graph.id))
+            ]
 
     def graph_functions(
         self, *, run_id: int | None = None, mode: str | None = None, size: int | None = None

@@ -2,7 +2,8 @@
 
 ``TrafficTotals`` is what every reader reports: the overview and its JSON twin, the Prometheus
 collector, the CI report and the time series of the rollup. Hit ratio and padding waste are
-computed here and nowhere else, so the page, ``/metrics`` and ``graph-inspector report`` cannot
+computed here, by the one formula of each (``capture_core.sizes``, which the reference workload's
+figures use too), so the page, ``/metrics`` and ``graph-inspector report`` cannot
 disagree on the same database. The totals come from the running-totals tables the writer keeps
 (``replay_totals``, ``eager_totals``): a few rows per run, never a scan of the windows.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import BigInteger, ColumnElement, cast, func, select
 
-from capture_core.sizes import EagerReason
+from capture_core.sizes import EagerReason, hit_ratio, padding_waste
 from inspector.storage.models import EagerTotal, Graph, ReplayTotal
 from inspector.storage.store import Reader
 
@@ -43,13 +44,12 @@ class TrafficTotals:
     @property
     def hit_ratio(self) -> float | None:
         """Batches replayed over all batches (None before any batch)."""
-        return self.replays / self.batches if self.batches else None
+        return hit_ratio(self.replays, self.eager_batches)
 
     @property
     def padding_waste(self) -> float | None:
         """Padding tokens over the tokens the graphs computed (None before any replay)."""
-        computed = self.num_real_tokens + self.padding_tokens
-        return self.padding_tokens / computed if computed else None
+        return padding_waste(self.num_real_tokens, self.padding_tokens)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON fields every answer that carries traffic uses."""

@@ -157,6 +157,17 @@ class TrafficWindow:
     def rows(self) -> int:
         return len(self.replays) + len(self.eager) + len(self.batch_sizes)
 
+    def losses(self) -> Losses:
+        """What this window counts as when it is lost: its replays, eager batches and their tokens."""
+        lost = Losses()
+        for delta in self.replays.values():
+            lost.replays += delta.replays
+            lost.real_tokens += delta.num_real_tokens
+        for batches, tokens in self.eager.values():
+            lost.eager_batches += batches
+            lost.real_tokens += tokens
+        return lost
+
 
 def traffic_since(
     window: TrafficWindow,

@@ -246,7 +246,7 @@ class Flusher:
             lost, what = self.pending.shed(), "records the database refused"
         elif snapshot[0] is not None and snapshot[1] is not None:
             lost, what = Losses(), "a traffic window the database refused"
-            lost.add_traffic(batch.traffic)
+            lost.add(batch.traffic.losses())
             self._committed_replays, self._committed_eager = snapshot  # dealt with: counted as lost
         else:
             return
@@ -268,7 +268,7 @@ class Flusher:
     def drop_everything(self) -> None:
         traffic, self._committed_replays, self._committed_eager = self.take_traffic(time.time())
         lost = self.pending.clear()  # the snapshot is dealt with: counted as lost, just below
-        lost.add_traffic(traffic)
+        lost.add(traffic.losses())
         if self.step_log is not None:  # the order of batches counted above, not events
             self.step_log.drop()
         if lost:

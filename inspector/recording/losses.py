@@ -34,7 +34,6 @@ from sqlalchemy import Engine, select
 from inspector.storage.models import Run
 
 if TYPE_CHECKING:
-    from inspector.recording.batch import TrafficWindow
     from inspector.storage.store import Reader
 
 log = logging.getLogger("graph_inspector.recorder")
@@ -67,15 +66,6 @@ class Losses:
     def add(self, other: Losses) -> None:
         for name in _NAMES:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def add_traffic(self, window: TrafficWindow) -> None:
-        """The replays, eager batches and their tokens counted in ``window``."""
-        for delta in window.replays.values():
-            self.replays += delta.replays
-            self.real_tokens += delta.num_real_tokens
-        for batches, tokens in window.eager.values():
-            self.eager_batches += batches
-            self.real_tokens += tokens
 
     def most(self, other: Losses) -> Losses:
         """Each count's larger value: two records of one recorder's running totals, merged."""

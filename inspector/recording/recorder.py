@@ -185,7 +185,7 @@ class Recorder:
         ``close()``, every replay and eager batch reported since its last window too."""
         losses = self._flusher.losses()
         if self._finished:
-            losses.add_traffic(self._flusher.take_traffic(time.time())[0])
+            losses.add(self._flusher.take_traffic(time.time())[0].losses())
         return losses
 
     @property

@@ -192,9 +192,16 @@ def test_padding_stats_counts_waste_replays_and_eager_batches() -> None:
     assert stats.steps == 4 and stats.replayed_steps == 3
     assert stats.captured_tokens == 4 + 8 + 8
     assert stats.padding_tokens == 1 + 0 + 3
-    assert stats.waste == pytest.approx(4 / 20)
-    assert stats.hit_rate == pytest.approx(0.75)
+    assert stats.padding_waste == pytest.approx(4 / 20)
+    assert stats.hit_ratio == pytest.approx(0.75)
     assert stats.eager_tokens == 9
+
+
+def test_padding_stats_read_as_the_glossary_says_before_any_replay() -> None:
+    table = SizeTable(power_of_two_sizes(8))
+    nothing, all_eager = padding_stats([], table), padding_stats([9, 12], table)
+    assert (nothing.padding_waste, nothing.hit_ratio) == (None, None)
+    assert (all_eager.padding_waste, all_eager.hit_ratio) == (None, 0.0)
 
 
 @pytest.mark.parametrize(

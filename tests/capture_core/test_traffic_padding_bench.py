@@ -29,8 +29,9 @@ def test_exact_uniform_expectation_for_powers_of_two(result: dict) -> None:
     # Sizes 1, 2, then 2^k serves 2^(k-1) batch sizes for k = 2..8: padded total 3 + sum 2^(2k-1).
     padded = 3 + sum(2 ** (2 * k - 1) for k in range(2, 9))
     real = 256 * 257 // 2
-    assert result["uniform"]["pow2"]["exact_waste"] == pytest.approx((padded - real) / padded, abs=1e-6)
-    assert 0.24 < result["uniform"]["pow2"]["exact_waste"] < 0.25  # the "about 25%" rule of thumb
+    exact = result["uniform"]["pow2"]["exact_padding_waste"]
+    assert exact == pytest.approx((padded - real) / padded, abs=1e-6)
+    assert 0.24 < result["uniform"]["pow2"]["exact_padding_waste"] < 0.25  # the "about 25%" rule of thumb
     for policy in ("pow2", "vllm"):
         assert result["uniform"][policy]["matches_exact"]
 
@@ -40,9 +41,9 @@ def test_trace_rows_cover_small_to_large_batches_and_vllm_wastes_less(result: di
     assert [row["speedup"] for row in rows] == [0.25, 4.0, 11.0]
     assert rows[0]["batch"]["max"] < 16 < rows[-1]["batch"]["min"]
     combined = result["trace_combined"]
-    assert combined["vllm"]["waste"] < combined["pow2"]["waste"]
-    assert combined["pow2"]["hit_rate"] == 1.0
+    assert combined["vllm"]["padding_waste"] < combined["pow2"]["padding_waste"]
+    assert combined["pow2"]["hit_ratio"] == 1.0
     # Chunked prefill makes steps larger than the largest capture size: they run eagerly.
-    assert result["mixed"]["pow2"]["hit_rate"] < 1.0
+    assert result["mixed"]["pow2"]["hit_ratio"] < 1.0
     assert result["mixed"]["pow2"]["eager_steps"] > 0
     assert result["demo"]["steps"] == 300 and result["demo"]["batch"]["min"] == 1

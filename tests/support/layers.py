@@ -74,6 +74,60 @@ def outside(root: Path, package: str, allowed: Iterable[str]) -> list[str]:
     return sorted(set(found))
 
 
+def import_cycles(root: Path, package: str) -> list[list[str]]:
+    """Every set of ``package``'s modules that import one another in a circle (each sorted), by the
+    imports ``imports_in`` lists (a package's ``__init__`` is left out: its lazy names import
+    nothing)."""
+    files = {name: path for name, path in module_files(root, package) if path.name != "__init__.py"}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        graph[name] = set()
+        for _, imported in imports_in(path, name):
+            while imported and imported not in files:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                graph[name].add(imported)
+    return sorted(sorted(c) for c in _circles(graph))
+
+
+def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        while work:
+            node, successors = work[-1]
+            step = next(successors, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
 _LOAD = """
 import importlib, json, sys
 for name in {modules!r}:
