@@ -16,8 +16,8 @@ def run(args: argparse.Namespace) -> int:
     backend = workload.choose_backend(args.backend)
     model_config, model_name = workload.model_config(args, backend)
     url = resolve_url(args.db)
-    store = open_store(url, upgrade=True)  # a bad or unwritable database fails here, before any work
-    try:
+    # A bad or unwritable database fails here, before any work.
+    with open_store(url, upgrade=True) as store:
         runner = workload.build_runner(args, backend, model_config)
         config = workload.run_config(args, backend, model_name, runner, trace)
         recorder = Recorder(url, label="demo", config=config)
@@ -32,8 +32,6 @@ def run(args: argparse.Namespace) -> int:
         console.print_summary(store, recorder.run_id, runner, result, url)
         if recorder.dropped:
             print(f"  warning: the recorder dropped {recorder.dropped} events ({recorder.last_error})")
-    finally:
-        store.engine.dispose()
 
     if args.no_serve:
         print(f"\nServe it later with: graph-inspector serve --db {url}")

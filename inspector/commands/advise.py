@@ -63,14 +63,11 @@ def _recorded(args: argparse.Namespace) -> Any:
     from inspector.reading.queries import Queries
     from inspector.storage.store import open_store
 
-    store = open_store(args.db, upgrade=False)
-    try:
+    with open_store(args.db, upgrade=False) as store:
         store.require_head()
         queries = Queries(store.engine)
         queries.rollup.warm()  # a one-shot read: wait out the rows other writers have yet to commit
         return read_recorded(queries, args.run, store.display_url)
-    finally:
-        store.dispose()
 
 
 def _trace_traffic(args: argparse.Namespace) -> Any:

@@ -9,11 +9,8 @@ import argparse
 def run_upgrade(args: argparse.Namespace) -> int:
     from inspector.storage.store import open_store
 
-    store = open_store(args.db, upgrade=True)
-    try:
+    with open_store(args.db, upgrade=True) as store:
         print(f"{store.display_url}: schema at revision {store.current_revision()} (newest)")
-    finally:
-        store.dispose()
     return 0
 
 
@@ -21,11 +18,8 @@ def run_current(args: argparse.Namespace) -> int:
     from inspector.storage.schema import head_revision
     from inspector.storage.store import open_store
 
-    store = open_store(args.db, upgrade=False)
-    try:
+    with open_store(args.db, upgrade=False) as store:
         current = store.current_revision()
-    finally:
-        store.dispose()
     head = head_revision()
     if current == head:
         print(f"{store.display_url}: schema at revision {current} (newest)")
@@ -46,9 +40,6 @@ def run_prune(args: argparse.Namespace) -> int:
         policy = Policy((Tier(parse_duration(args.older_than), parse_duration(args.grain)),))
     except ValueError as error:
         raise UsageError(f"--older-than/--grain: {error}") from None
-    store = open_store(args.db, upgrade=True)
-    try:
+    with open_store(args.db, upgrade=True) as store:
         print(f"{store.display_url}: {prune(store, policy).line()}")
-    finally:
-        store.dispose()
     return 0

@@ -27,15 +27,12 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline is None and (args.thresholds or args.threshold):
         raise UsageError("--thresholds and --threshold set the regression gate: give --baseline too")
     thresholds = Thresholds.load(Path(args.thresholds) if args.thresholds else None, args.threshold)
-    store = open_store(args.db, upgrade=False)
     notes: list[str] = []
-    try:
+    with open_store(args.db, upgrade=False) as store:
         store.require_head()
         report = build_report(store, args.run)
         if report.runs and (args.baseline is not None or args.save_baseline):
             notes = _gate(args, store, report, thresholds)
-    finally:
-        store.dispose()
     if not report.runs:
         # A clean report of nothing would pass CI while the engine records somewhere else.
         raise UsageError(

@@ -36,36 +36,33 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--storm-window must be positive, got {args.storm_window}")
 
     url = absolute_sqlite_url(resolve_url(args.db))
-    store = open_store(url)  # a bad URL or a foreign file is refused now, before the command runs
-    label = f"{args.label or default_label(command)} #{secrets.token_hex(3)}"
-    settings = WatchSettings(
-        db=url,
-        label=label,
-        ready_after=args.ready_after,
-        storm_threshold=args.storm_threshold,
-        storm_window_s=args.storm_window,
-    )
-    env = child_environment(settings)
-    if args.job:
-        env[JOB_ENV] = args.job
-    try:
-        child = subprocess.Popen(command, env=env)
-    except OSError as error:
-        store.dispose()
-        raise UsageError(f"cannot run {command[0]!r}: {error.strerror or error}") from None
-    print(
-        f"graph-inspector watch: recording {shlex.join(command)} into {store.display_url} as {label!r}",
-        file=sys.stderr,
-    )
-    status = _wait(child, forward=(signal.SIGTERM, signal.SIGHUP))
-    try:
+    # A bad URL or a foreign file is refused now, before the command runs.
+    with open_store(url) as store:
+        label = f"{args.label or default_label(command)} #{secrets.token_hex(3)}"
+        settings = WatchSettings(
+            db=url,
+            label=label,
+            ready_after=args.ready_after,
+            storm_threshold=args.storm_threshold,
+            storm_window_s=args.storm_window,
+        )
+        env = child_environment(settings)
+        if args.job:
+            env[JOB_ENV] = args.job
+        try:
+            child = subprocess.Popen(command, env=env)
+        except OSError as error:
+            raise UsageError(f"cannot run {command[0]!r}: {error.strerror or error}") from None
+        print(
+            f"graph-inspector watch: recording {shlex.join(command)} into {store.display_url} as {label!r}",
+            file=sys.stderr,
+        )
+        status = _wait(child, forward=(signal.SIGTERM, signal.SIGHUP))
         summary = watch_summary(store, label=label)
-    finally:
-        store.dispose()
-    print(summary.render(), file=sys.stderr)
-    if not summary.runs:
-        print(f"graph-inspector watch: nothing recorded: {why_nothing_was_captured()}", file=sys.stderr)
-    return status
+        print(summary.render(), file=sys.stderr)
+        if not summary.runs:
+            print(f"graph-inspector watch: nothing recorded: {why_nothing_was_captured()}", file=sys.stderr)
+        return status
 
 
 def why_nothing_was_captured() -> str:

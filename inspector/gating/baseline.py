@@ -362,14 +362,11 @@ def read_baseline(spec: str, store: Store, run: int | None = None) -> Figures:
         with store.session() as session:
             return run_figures(session, int(spec), store.display_url)
     if "://" in spec:
-        other = open_store(spec, upgrade=False)
-        try:
+        with open_store(spec, upgrade=False) as other:
             other.require_head()
             with other.session() as session:
                 chosen = run if run is not None else newest_run(session, other.display_url)
                 return run_figures(session, chosen, other.display_url)
-        finally:
-            other.dispose()
     _no_run(run, spec)
     path = Path(spec)
     if not path.is_file():

@@ -27,7 +27,7 @@ from capture_core.events import ViolationKind
 from inspector.reading.traffic import TrafficTotals, eager_totals, replay_totals, run_traffic
 from inspector.recording.losses import Sidecar, run_losses
 from inspector.storage.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
-from inspector.storage.store import Store
+from inspector.storage.store import DATABASE_ERRORS, Store
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,8 @@ class InspectorCollector(Collector):
     """Yields every metric in ``METRICS`` from the database, fresh at each scrape.
 
     Register it with a ``CollectorRegistry`` (the daemon's, or your own in-process). A scrape that
-    cannot read the database yields ``graph_inspector_database_up 0`` instead of failing.
+    cannot read the database yields ``graph_inspector_database_up 0`` instead of failing; any other
+    error (a bug in a read) fails the scrape, so that it cannot pass for an outage.
     """
 
     def __init__(self, store: Store) -> None:
@@ -186,7 +187,7 @@ class InspectorCollector(Collector):
             with self.store.engine.connect() as conn:
                 self._read(conn, families, time.time())
             up = 1.0
-        except Exception as error:  # the scrape must answer even when the database cannot
+        except DATABASE_ERRORS as error:  # the scrape answers when the database cannot; a bug raises
             log.warning("graph-inspector metrics: cannot read %s: %s", self.store.display_url, error)
             families = {spec.name: _family(spec.name) for spec in METRICS}
             up = 0.0

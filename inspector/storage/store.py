@@ -45,6 +45,9 @@ MIGRATION_LOCK_KEY = 0x6772_6170_6869_6E73 & 0x7FFF_FFFF_FFFF_FFFF
 
 Reader = Connection | Session
 """What the read functions take: a connection, or a session of the dashboard's."""
+DATABASE_ERRORS = (exc.SQLAlchemyError, sqlite3.Error, DatabaseError)
+"""What a read raises when the database cannot answer (gone, locked, corrupt, behind the schema), as
+opposed to a bug in the reader, which must not pass for an outage."""
 
 
 class StoreUnavailable(DatabaseError):
@@ -71,7 +74,9 @@ def resolve_url(url: str | None) -> str:
 
 
 class Store:
-    """An open database: an engine, sessions for readers, write transactions for the recorder."""
+    """An open database: an engine, sessions for readers, write transactions for the recorder. A
+    context manager: a command that opens one for its own use writes ``with open_store(...) as
+    store:``."""
 
     def __init__(self, url: str, engine: Engine) -> None:
         self.url = url
@@ -203,6 +208,13 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """``with open_store(url) as store:`` disposes of its engine however the block ends."""
+        self.dispose()
 
 
 def open_store(

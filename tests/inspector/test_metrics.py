@@ -139,6 +139,21 @@ def test_unreadable_database_scrapes_as_down_instead_of_failing(tmp_path: Path) 
     assert registry.get_sample_value(f"{PREFIX}violations_total", {"kind": "address_drift"}) is None
 
 
+def test_a_bug_in_a_read_fails_the_scrape_instead_of_reading_as_an_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = CollectorRegistry()
+    registry.register(InspectorCollector(open_store(f"sqlite:///{tmp_path / 'fine.db'}")))
+    assert registry.get_sample_value(f"{PREFIX}database_up") == 1
+
+    def typo(*_: object) -> None:
+        raise NameError("name 'Runn' is not defined")
+
+    monkeypatch.setattr(InspectorCollector, "_read", typo)
+    with pytest.raises(NameError, match="Runn"):
+        registry.get_sample_value(f"{PREFIX}database_up")
+
+
 def test_markdown_table_lists_every_metric() -> None:
     table = metrics_table_markdown()
     assert all(f"`{spec.name}`" in table for spec in METRICS)

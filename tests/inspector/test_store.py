@@ -14,7 +14,7 @@ from sqlalchemy import inspect, select, text
 from inspector.errors import DatabaseError
 from inspector.storage import schema
 from inspector.storage.models import Base, Run
-from inspector.storage.store import DEFAULT_URL, ENV_VAR, StoreUnavailable, open_store, resolve_url
+from inspector.storage.store import DEFAULT_URL, ENV_VAR, Store, StoreUnavailable, open_store, resolve_url
 from inspector.storage.writer import RunInfo, insert_run
 
 
@@ -55,6 +55,19 @@ def test_reopening_keeps_rows_and_revision(db_url: str) -> None:
         assert again.current_revision() == schema.head_revision()
     finally:
         again.dispose()
+
+
+def test_a_store_used_as_a_context_manager_is_disposed_however_the_block_ends(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disposed = []
+    monkeypatch.setattr(Store, "dispose", lambda self: disposed.append(self))
+    with open_store(sqlite_url) as store:
+        assert store.current_revision() == schema.head_revision()
+    assert disposed == [store]
+    with pytest.raises(KeyError), open_store(sqlite_url) as failing:
+        raise KeyError("the block failed")
+    assert disposed == [store, failing]
 
 
 def test_session_rolls_back_on_error(sqlite_url: str) -> None:
