@@ -4,12 +4,14 @@ Every check a replay needs is known at capture: which tensors the call hands the
 (``inputs``), the wrapped module's state (``state``), the per-step inputs (``stale``), which replays
 are sampled (``canary.Sampling``). ``ReplayChecks`` holds them for one graph and compiles one
 *guard* from them: a single generated function whose body is a flat run of comparisons -
-``args[0] is <captured tensor> and args[3][2][0] is <captured tensor> and ...``, the module
-registration count against the one last checked, each per-step input's version counter against
-its last replay's, whether this step's padding rows held real tokens at their last replay (the
-newest row-status entry: same size, and at least as many real tokens), and a countdown to the next
-sampled replay. Identity tests and integer compares: the cheapest questions Python can ask, with no
-loop, no attribute chain worked out at replay, no allocation.
+``args[0] is <captured tensor> and args[3][2][0] is <captured tensor> and ...`` (with each captured
+object's address, and its shape and strides when its version counter moved), the module
+registration count against the one last checked, the address of each parameter and buffer, each
+per-step input's version counter against its last replay's, whether this step's padding rows held
+real tokens at their last replay (the newest row-status entry: same size, and at least as many real
+tokens), and a countdown to the next sampled replay. Identity tests and integer compares: the
+cheapest questions Python can ask, with no loop, no attribute chain worked out at replay, no
+allocation.
 
 When the guard says yes, the replay goes ahead and the counters move on. When it says no (or in
 debug mode, always), ``inspect`` looks closer and says what is wrong, if anything: a fresh view
@@ -23,7 +25,7 @@ from typing import Any
 
 from capture_core.canary import MutatedInput, Sampling
 from capture_core.checks import Finding
-from capture_core.inputs import InputLayout, TensorInput
+from capture_core.inputs import InputLayout, TensorInput, version_of
 from capture_core.stale import PerStepInputs
 from capture_core.state import REGISTRATIONS, ModuleState
 
@@ -58,6 +60,14 @@ class ReplayChecks:
         self.per_step = per_step
         self.mutated = mutated
         self.sampling = sampling
+        written = {id(spec) for spec in per_step.inputs} if per_step is not None else set()
+        self.layout_versions: dict[int, list[int] | None] = {}
+        """Per input (by position), the version at which the captured object's layout was last read;
+        None for an input whose layout is read at every replay (a per-step input, whose counter the
+        step's write moves anyway; an inference tensor, which has none)."""
+        for index, spec in enumerate(layout.inputs):
+            version = version_of(spec.tensor)
+            self.layout_versions[index] = None if version is None or id(spec) in written else [version]
         self.countdown = [0]
         """Replays until the next sampled one (1: the next); the guard counts it down."""
         self._done = 0
@@ -90,25 +100,45 @@ class ReplayChecks:
         sampled = debug or self.countdown[0] <= 1
         findings: list[Finding] = []
         if self.check_inputs:
-            findings += self.layout.find_changes(args, kwargs, deep=sampled)
-        if self.state is not None and (sampled or self.state.checked_at[0] != REGISTRATIONS[0]):
-            findings += self.state.find_changes()
+            findings += self._input_changes(args, kwargs)
+        state = self.state
+        if state is not None and (sampled or state.checked_at[0] != REGISTRATIONS[0] or state.moved()):
+            findings += state.find_changes()
         if self.per_step is not None:
             findings += self.per_step.inspect(args, kwargs, real, debug, self.replays + 1)
         self._arm(self.replays + 1)
         return findings, sampled
 
-    @staticmethod
-    def _same(spec: TensorInput, bind: Callable[[Any], str]) -> str:
-        """The guard's term for one input: the captured object itself, or else a tensor at the
-        captured address read the captured way (a fresh view of the static buffer, made per step by
-        many engines). Storage offset and device are left to the closer look: with the same address,
-        shape, strides and dtype the kernels read exactly what they were recorded for."""
+    def _input_changes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Finding]:
+        """The inputs not as captured, the very objects captured re-read too; the counters of those
+        still as captured are noted as checked."""
+        inputs = self.layout.inputs
+        found = self.layout.find_changes(args, kwargs, deep=True)
+        wrong = {f.name for f in found}
+        for index, cell in self.layout_versions.items():
+            if cell is not None and inputs[index].name not in wrong:
+                cell[0] = inputs[index].tensor._version
+        return found
+
+    def _same(self, index: int, spec: TensorInput, bind: Callable[[Any], str]) -> str:
+        """The guard's term for one input: the captured object itself, still at its address and, when
+        its counter moved (an in-place ``set_``, ``resize_`` or ``as_strided_`` moves it, as a write
+        does), still of its shape and strides; or else a tensor at the captured address read the
+        captured way (a fresh view of the static buffer, made per step by many engines). Storage
+        offset and device are left to the closer look: with the same address, shape, strides and
+        dtype the kernels read exactly what they were recorded for."""
         address, shape, stride, _, dtype, _ = spec.key
-        return (
-            f"((v := {spec.access()}) is {bind(spec.tensor)} or (v.data_ptr() == {address} and "
-            f"v.shape == {bind(shape)} and v.stride() == {bind(stride)} and v.dtype is {bind(dtype)}))"
-        )
+        shaped = f"v.shape == {bind(shape)} and v.stride() == {bind(stride)}"
+        cell = self.layout_versions[index]
+        if cell is None:
+            own = f"v.data_ptr() == {address} and {shaped}"
+        else:
+            seen = bind(cell)
+            own = (f"v.data_ptr() == {address} and (v._version == {seen}[0] or {shaped} and "
+                   f"not {seen}.__setitem__(0, v._version))")
+        fresh = f"v.data_ptr() == {address} and {shaped} and v.dtype is {bind(dtype)}"
+        captured = bind(spec.tensor)
+        return f"((v := {spec.access()}) is {captured} and {own} or v is not {captured} and {fresh})"
 
     def _compile(self) -> tuple[str, Guard]:
         """The guard: True when this replay needs no closer look (and then its counters move on)."""
@@ -122,9 +152,10 @@ class ReplayChecks:
         same = []
         if self.check_inputs:
             same.append(f"len(args) == {self.layout.arity[0]} and len(kwargs) == {self.layout.arity[1]}")
-            same += [self._same(spec, bind) for spec in self.layout.inputs]
+            same += [self._same(index, spec, bind) for index, spec in enumerate(self.layout.inputs)]
         if self.state is not None:
             same.append(f"{bind(REGISTRATIONS)}[0] == {bind(self.state.checked_at)}[0]")
+            same += [f"{bind(held)}.data_ptr() == {address}" for held, address in self.state.guard_terms()]
         per_step = self.per_step
         terms = per_step.guard_terms() if per_step is not None else []
         versions = [(bind(tensor), bind(cell)) for tensor, cell in terms]

@@ -14,9 +14,10 @@ by the graph's guard (``capture_core.guard``) as one flat expression. Only when 
 does ``find_changes`` look closer: a different object at the captured address with the captured
 layout is fine (a fresh view of the static buffer); anything else is an ``address_drift`` (other
 address, or gone) or a ``layout_mismatch`` (same address, other shape, strides, storage offset,
-dtype or device) naming what changed. ``find_changes(deep=True)`` also re-reads the layout of the
-very objects captured, which an in-place ``resize_``, ``set_`` or ``t_()`` changes without a new
-object: it runs on sampled replays (see ``GraphRuntime``'s ``sampling``) and on every debug replay.
+dtype or device) naming what changed. The very object captured can change in place too (``set_``,
+``resize_``, ``as_strided_``, ``t_()``, ``.data =``): the guard reads its address on every replay
+and its shape and strides whenever its version counter moved (each of those ops moves it), and
+``find_changes(deep=True)`` (every closer look) re-reads the layout of the very objects captured.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ _LEAVES = (
 LayoutKey = tuple[int, torch.Size, tuple[int, ...], int, torch.dtype, torch.device]
 """``(address, shape, strides, storage offset, dtype, device)``: compared as one tuple, because
 building it is a third of the cost of building a ``TensorLayout`` and that is paid per replay."""
+
+
+def version_of(tensor: torch.Tensor) -> int | None:
+    """A tensor's version counter (every in-place op moves it), or None: an inference tensor has none."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 def layout_key(tensor: torch.Tensor) -> LayoutKey:
@@ -125,24 +134,34 @@ class TensorInput:
     def address(self) -> int:
         return self.key[0]
 
-    def access(self, args: str = "args", kwargs: str = "kwargs") -> str:
+    def access(self) -> str:
         """A Python expression that reads this input from ``args``/``kwargs`` (the guard's term)."""
-        text = f"{args}[{self.root}]" if isinstance(self.root, int) else f"{kwargs}[{self.root!r}]"
-        for is_attribute, key in self.steps:
-            if not is_attribute:
-                text += f"[{key!r}]"
-            elif key.isidentifier() and not keyword.iskeyword(key):
-                text += f".{key}"
-            else:
-                text = f"getattr({text}, {key!r})"
-        return text
+        return access_at(self.root, self.steps)
 
     def read(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         """The value at this input's place in a call (``LookupError`` etc. when it is not there)."""
-        value = args[self.root] if isinstance(self.root, int) else kwargs[self.root]
-        for is_attribute, key in self.steps:
-            value = getattr(value, key) if is_attribute else value[key]
-        return value
+        return read_at(self.root, self.steps, args, kwargs)
+
+
+def access_at(root: int | str, steps: tuple[Step, ...]) -> str:
+    """A Python expression that reads the value at ``root`` and ``steps`` from ``args``/``kwargs``."""
+    text = f"args[{root}]" if isinstance(root, int) else f"kwargs[{root!r}]"
+    for is_attribute, key in steps:
+        if not is_attribute:
+            text += f"[{key!r}]"
+        elif key.isidentifier() and not keyword.iskeyword(key):
+            text += f".{key}"
+        else:
+            text = f"getattr({text}, {key!r})"
+    return text
+
+
+def read_at(root: int | str, steps: tuple[Step, ...], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """The value at ``root`` and ``steps`` of a call (``LookupError`` etc. when it is not there)."""
+    value = args[root] if isinstance(root, int) else kwargs[root]
+    for is_attribute, key in steps:
+        value = getattr(value, key) if is_attribute else value[key]
+    return value
 
 
 class _Walk:

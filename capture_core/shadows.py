@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from capture_core.inputs import version_of
 from capture_core.rows import RowStatus
 
 if TYPE_CHECKING:
@@ -36,13 +37,6 @@ BufferKey = tuple[int, torch.dtype, torch.device]
 
 def buffer_key(tensor: torch.Tensor) -> BufferKey:
     return (tensor.untyped_storage().data_ptr(), tensor.dtype, tensor.device)
-
-
-def _version(tensor: torch.Tensor) -> int | None:
-    try:
-        return tensor._version
-    except RuntimeError:  # an inference tensor: no version counter
-        return None
 
 
 @dataclass(eq=False)
@@ -97,7 +91,7 @@ class StepBuffers:
             with torch.inference_mode(False), torch.no_grad():  # our own tensor, updated in any mode
                 shadow = torch.zeros(storage.nbytes() // tensor.element_size(), dtype=tensor.dtype,
                                      device=tensor.device)
-            version = _version(tensor)
+            version = version_of(tensor)
             held = self.buffers[key] = StepBuffer(tensor, None if version is None else [version], shadow)
         return held
 

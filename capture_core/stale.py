@@ -38,9 +38,9 @@ import torch
 
 from capture_core.checks import Finding
 from capture_core.events import ViolationKind
-from capture_core.inputs import TensorInput, compare
+from capture_core.inputs import TensorInput, compare, version_of
 from capture_core.rows import Entry, RowStatus
-from capture_core.shadows import StepBuffers, _version, buffer_key
+from capture_core.shadows import StepBuffers, buffer_key
 
 Report = Callable[[Sequence[Finding]], None]
 """Reports findings found late (a comparison read back after its replay), as the wrapper would."""
@@ -126,7 +126,7 @@ class PerStepInputs:
         if group.pending is not None:
             group.pending.settle()
         skip = self.displaced(args, kwargs)
-        versions = [_version(spec.tensor) for spec in self.inputs]
+        versions = [version_of(spec.tensor) for spec in self.inputs]
         moved = [
             version is not None and record.version is not None and version != record.version[0]
             for version, record in zip(versions, self.records, strict=True)

@@ -8,14 +8,16 @@ qualified name (``self.layers.0.lin.weight``) with its object and layout.
 Re-reading hundreds of parameters on every replay would cost more than the replay saves, so the
 check is split by cost:
 
-* always on, for almost nothing: PyTorch's global module registration hooks count every
-  assignment of a parameter, buffer or submodule anywhere in the process (one integer bump each),
-  and a graph's replay guard compares that count with the one it last checked at. A reassigned
-  weight is found at the very next replay of every graph.
-* on sampled replays (and every debug replay), every parameter and buffer re-read from its
-  module's dict and its address compared (a different object: its whole layout), which also finds
-  what no hook sees (``.data =``, ``set_``, ``.to()``); after a counted registration the module
-  tree is walked again by name, which finds a replaced submodule.
+* always on: PyTorch's global module registration hooks count every assignment of a parameter,
+  buffer or submodule anywhere in the process (one integer bump each), and a graph's replay guard
+  compares that count with the one it last checked at; and the guard reads the address of every
+  parameter and buffer it captured (one ``data_ptr()`` each), which finds what no hook sees:
+  ``param.data = new`` (an RL weight sync does this), ``set_``, ``.to()``. Either is found at the
+  very next replay of every graph.
+* on sampled replays (and every debug replay), and whenever the guard said no, every parameter and
+  buffer re-read from its module's dict and its address compared (a different object: its whole
+  layout); after a counted registration the module tree is walked again by name, which finds a
+  replaced submodule.
 """
 
 from __future__ import annotations
@@ -92,6 +94,14 @@ class ModuleState:
         )
         self.checked_at = [REGISTRATIONS[0]]
         """The registration count at the last clean check (a one-element list, read in place)."""
+
+    def guard_terms(self) -> list[tuple[torch.Tensor, int]]:
+        """``(tensor, captured address)`` of every parameter and buffer, for the replay guard."""
+        return [(spec.tensor, spec.key[0]) for spec in self.tensors]
+
+    def moved(self) -> bool:
+        """Whether any captured parameter or buffer lives elsewhere now (``.data =``, ``set_``)."""
+        return any(spec.tensor.data_ptr() != spec.key[0] for spec in self.tensors)
 
     def find_changes(self) -> list[Finding]:
         """Every parameter and buffer not as captured, each re-read from its owner's dict; when the

@@ -159,21 +159,38 @@ def test_a_fresh_view_at_the_captured_address_and_layout_is_no_violation(observe
     assert observer.violations == [] and len(observer.replays) == 3
 
 
-def test_a_captured_tensor_changed_in_place_is_found_on_a_sampled_replay(observer) -> None:
-    """``t_()`` keeps the object and changes its layout: the guard takes the object on trust, the
-    sampled replay's closer look re-reads it."""
-    runtime = GraphRuntime("eager", observer=observer, progress=False, sampling=Sampling(first=0, every=3))
-    wrapper = CUDAGraphWrapper(lambda x: x * 2, runtime, name="double")
+IN_PLACE = {
+    "t_": (lambda x: x.t_(), "strides (4, 1) -> (1, 4)"),
+    "set_": (lambda x: x.set_(torch.zeros(4, 4)), "but is now at"),
+    "resize_": (lambda x: x.resize_(2, 4), "shape (4, 4) -> (2, 4)"),
+    "as_strided_": (lambda x: x.as_strided_((4, 2), (4, 2)), "strides (4, 1) -> (4, 2)"),
+    ".data =": (lambda x: setattr(x, "data", torch.zeros(4, 4)), "but is now at"),
+}
+
+
+@pytest.mark.parametrize("change", IN_PLACE)
+def test_a_captured_tensor_changed_in_place_is_found_at_that_replay_with_no_sampled_one(change, observer):
+    """The object stays the same and its storage or layout changes under it: every one of these
+    moves its version counter (``.data =`` moves its address), so the guard re-reads it."""
+    runtime = GraphRuntime("eager", observer=observer, progress=False, sampling=Sampling(first=0, every=0))
+    # Summed: the eager backend's replay re-reads the object in whatever layout it has now.
+    wrapper = CUDAGraphWrapper(lambda x: x.sum(), runtime, name="total")
     x = torch.zeros(4, 4)
     with runtime.capture_phase(), set_forward_context(FULL, DESC):
         wrapper(x)
-    x.t_()
     for _ in range(3):
+        x.add_(1)  # written in place: its counter moves, its layout does not
         with set_forward_context(FULL, DESC):
             wrapper(x)
-    [event] = observer.violations  # found on the third replay, the first sampled one
-    assert event.kind is ViolationKind.LAYOUT_MISMATCH and "strides (4, 1) -> (1, 4)" in event.message
-    assert len(observer.replays) == 3
+    assert observer.violations == []
+    change_it, said = IN_PLACE[change]
+    change_it(x)
+    with set_forward_context(FULL, DESC):
+        wrapper(x)
+    [event] = observer.violations
+    assert event.kind in (ViolationKind.LAYOUT_MISMATCH, ViolationKind.ADDRESS_DRIFT)
+    assert said in event.message
+    assert event.input_name == "x" and len(observer.replays) == 4
 
 
 def test_a_tensor_the_capture_never_saw_is_reported(observer) -> None:

@@ -94,16 +94,21 @@ def test_a_buffer_or_a_whole_submodule_replaced_is_caught(observer) -> None:
     assert names >= {"self.layers.0.lin.weight", "self.layers.0.lin.bias", "self.layers.0.offset"}
 
 
-def test_data_assigned_under_a_parameter_is_caught_on_a_sampled_replay(observer) -> None:
-    """``.data =`` keeps the Parameter object and moves its memory: no hook sees it, so the always-on
-    check does not; the sampled replays re-read every parameter's address."""
-    model, wrapper, x = captured(observer, sampling=Sampling(first=0, every=2))
-    model.layers[0].lin.weight.data = torch.randn(4, 4)
+@pytest.mark.parametrize("swap", [
+    lambda p: setattr(p, "data", torch.randn(4, 4)),  # an RL weight sync does this
+    lambda p: p.set_(torch.randn(4, 4)),
+])
+def test_a_weight_swapped_under_its_parameter_is_caught_at_the_next_replay(swap, observer) -> None:
+    """``.data =`` keeps the Parameter object and moves its memory, which no hook sees: the guard
+    reads every parameter's address, so the next replay finds it, with no sampled replay."""
+    model, wrapper, x = captured(observer)
     replay(wrapper, x)
-    assert observer.violations == []
-    replay(wrapper, x)  # the second replay is sampled
+    swap(model.layers[0].lin.weight)
+    replay(wrapper, x)
     (event,) = observer.violations
     assert (event.kind, event.input_name) == (ViolationKind.ADDRESS_DRIFT, "self.layers.0.lin.weight")
+    replay(wrapper, x)  # still wrong, so still reported
+    assert len(observer.violations) == 2
 
 
 def test_a_reassigned_weight_raises_in_debug_mode(observer) -> None:
