@@ -51,6 +51,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "capture_core.checks": ("AddressCheckMode", "Finding", "ParameterNames", "effective_check_mode"),
     "capture_core.errors": (
         "AddressDriftError",
+        "BakedValueChangedError",
         "GraphCacheError",
         "GraphCheckError",
         "LayoutMismatchError",

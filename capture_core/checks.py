@@ -24,7 +24,7 @@ import enum
 import inspect
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -66,10 +66,12 @@ def effective_check_mode(configured: AddressCheckMode | str) -> AddressCheckMode
 
 @dataclass(frozen=True)
 class ParameterNames:
-    """How to name a callable's inputs: its positional parameter names and its ``*args`` name."""
+    """How to name a callable's inputs: its positional parameter names and its ``*args`` name; its
+    signature, when it has one, binds a call to its parameters (defaults included)."""
 
     positional: tuple[str, ...] = ()
     var_positional: str | None = None
+    signature: inspect.Signature | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, fn: Callable[..., Any]) -> ParameterNames:
@@ -85,7 +87,7 @@ class ParameterNames:
                 positional.append(param.name)
             elif param.kind is param.VAR_POSITIONAL:
                 var_positional = param.name
-        return cls(tuple(positional), var_positional)
+        return cls(tuple(positional), var_positional, signature)
 
     def name_of(self, position: int) -> str:
         """``input_ids`` for a named parameter; ``args[3]`` (by position) when unnamed."""

@@ -41,5 +41,13 @@ class ReplayMismatchError(GraphCheckError):
     """A sampled replay disagreed with the same step run eagerly."""
 
 
+class BakedValueChangedError(GraphCheckError):
+    """A host value the graph baked in at capture (an argument, a module attribute) differs now."""
+
+
+class StaleOutputError(GraphCheckError):
+    """A graph output was read after a later replay of the same graph wrote it again."""
+
+
 class UnexpectedCaptureError(GraphCacheError):
     """A capture was attempted after start-up locked capture, under the RAISE policy."""

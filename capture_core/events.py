@@ -15,10 +15,12 @@ from typing import Protocol, runtime_checkable
 from capture_core.descriptor import BatchDescriptor
 from capture_core.errors import (
     AddressDriftError,
+    BakedValueChangedError,
     GraphCacheError,
     LayoutMismatchError,
     ReplayMismatchError,
     StaleInputError,
+    StaleOutputError,
     UnexpectedCaptureError,
 )
 from capture_core.modes import CUDAGraphMode
@@ -79,12 +81,42 @@ class ViolationKind(str, enum.Enum):
     )
     STALE_INPUT = "stale_input", KindRecord(
         label="stale input",
-        meaning="A declared per-step input nobody wrote since the previous replay.",
+        meaning=(
+            "A declared per-step input nobody wrote since the previous replay, whatever the writer (a "
+            "copy_, a kernel, a numpy view), or padding rows that still hold an earlier step's real "
+            "tokens (they would write that request's KV slot again)."
+        ),
         fix=(
             "The graph would compute on the previous step's values: copy_() this step's values into it "
-            "before every replay"
+            "before every replay, and pad the rows past the real tokens"
         ),
         error=StaleInputError,
+    )
+    BAKED_VALUE_CHANGED = "baked_value_changed", KindRecord(
+        label="baked value changed",
+        meaning=(
+            "A host value the graph baked in at capture differs now: a non-tensor argument (a "
+            "temperature, a flag that picked a branch) or an attribute of the wrapped module (a LoRA "
+            "scaling, training); the graph replays the captured one."
+        ),
+        fix=(
+            "The graph replays the value it was captured with: pass the value as a tensor input (copy_ "
+            "each step's value into it), key the graph by it, or, where the graph does not read it, "
+            "declare it with unread=(...)"
+        ),
+        error=BakedValueChangedError,
+    )
+    STALE_OUTPUT = "stale_output", KindRecord(
+        label="stale output",
+        meaning=(
+            "A graph output was read after a later replay of the same graph wrote that memory again "
+            "(debug mode): it held the later step's values."
+        ),
+        fix=(
+            "A graph writes its outputs into the same memory at every replay: clone (or read) an output "
+            "you keep before the same graph replays again"
+        ),
+        error=StaleOutputError,
     )
     UNEXPECTED_CAPTURE = "unexpected_capture", KindRecord(
         label="unexpected capture",

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from capture_core.baked import BakedValues
 from capture_core.canary import MutatedInput, Sampling
 from capture_core.checks import Finding
 from capture_core.inputs import InputLayout, TensorInput, version_of
@@ -40,7 +41,8 @@ class ReplayChecks:
     """Everything one graph's replays are checked against.
 
     ``check_inputs`` is False for a pass of segment graphs, whose segments check their own inputs;
-    ``state`` and ``per_step`` are None where they do not apply. ``mutated`` are the inputs the step
+    ``state``, ``per_step`` and ``baked`` (the host values the capture baked in) are None where they
+    do not apply. ``mutated`` are the inputs the step
     writes, each with where (for the canary; None: every tensor input, copied whole).
     """
 
@@ -53,8 +55,10 @@ class ReplayChecks:
         per_step: PerStepInputs | None,
         mutated: Sequence[MutatedInput] | None,
         sampling: Sampling,
+        baked: BakedValues | None = None,
     ) -> None:
         self.layout = layout
+        self.baked = baked
         self.check_inputs = check_inputs
         self.state = state
         self.per_step = per_step
@@ -79,6 +83,7 @@ class ReplayChecks:
     def unchecked(self) -> tuple[str, ...]:
         """What could not be checked, each with the reason: for the capture record."""
         found = list(self.layout.unchecked) if self.check_inputs else []
+        found += self.baked.unchecked if self.baked is not None else []
         return (*found, *(self.per_step.unchecked if self.per_step is not None else ()))
 
     @property
@@ -104,6 +109,8 @@ class ReplayChecks:
         state = self.state
         if state is not None and (sampled or state.checked_at[0] != REGISTRATIONS[0] or state.moved()):
             findings += state.find_changes()
+        if self.baked is not None:
+            findings += self.baked.find_changes(args, kwargs, deep=sampled)
         if self.per_step is not None:
             findings += self.per_step.inspect(args, kwargs, real, debug, self.replays + 1)
         self._arm(self.replays + 1)
@@ -150,12 +157,18 @@ class ReplayChecks:
             return name
 
         same = []
-        if self.check_inputs:
+        if self.check_inputs or (self.baked is not None and self.baked.has_call):
             same.append(f"len(args) == {self.layout.arity[0]} and len(kwargs) == {self.layout.arity[1]}")
+        if self.check_inputs:
             same += [self._same(index, spec, bind) for index, spec in enumerate(self.layout.inputs)]
         if self.state is not None:
             same.append(f"{bind(REGISTRATIONS)}[0] == {bind(self.state.checked_at)}[0]")
             same += [f"{bind(held)}.data_ptr() == {address}" for held, address in self.state.guard_terms()]
+        if self.baked is not None:  # identity first; ``is True``: an equality that is no bool says no
+            same += [f"((x := {access}) is {bind(v)} or (x == {bind(v)}) is True)"
+                     for access, v in self.baked.argument_terms()]
+            same += [f"((x := {bind(held)}[{key!r}]) is {bind(v)} or (x == {bind(v)}) is True)"
+                     for held, key, v in self.baked.attribute_terms()]
         per_step = self.per_step
         terms = per_step.guard_terms() if per_step is not None else []
         versions = [(bind(tensor), bind(cell)) for tensor, cell in terms]

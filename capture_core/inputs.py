@@ -311,18 +311,20 @@ class InputLayout:
             finding = compare(spec.name, spec.tensor, spec.key, value, deep=deep)
             if finding is not None:
                 findings.append(finding)
-        if (len(args), len(kwargs)) != self.arity:
-            findings.extend(self._new_inputs(args, kwargs))
+        findings.extend(self._new_inputs(args, kwargs))
         return findings
 
     def _new_inputs(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Iterator[Finding]:
-        """Tensors the call passes now that were no input at capture: the graph never reads them."""
-        known = set(self.names)
+        """Tensors the call passes now that were no input at capture (an argument added, or one that
+        held none, such as a None): the graph never reads them."""
+        known, held = set(self.names), {spec.root for spec in self.inputs}
         walk = _Walk()
-        for position, value in enumerate(args[self.arity[0]:], start=self.arity[0]):
-            walk.visit(value, self.parameter_names.name_of(position), position, (), frozenset())
+        for position, value in enumerate(args):
+            if position not in held:
+                walk.visit(value, self.parameter_names.name_of(position), position, (), frozenset())
         for key, value in kwargs.items():
-            walk.visit(value, key, key, (), frozenset())
+            if key not in held:
+                walk.visit(value, key, key, (), frozenset())
         for found in walk.inputs:
             if found.name not in known:
                 yield moved(found.name, None, found.address)

@@ -290,6 +290,7 @@ class PiecewiseGraph:
         entry = PiecewiseEntry(
             descriptor, _PIECEWISE, _SegmentPass(self.split.module, seconds), wrapper.record_inputs(call),
             seconds, sum(seg.pool_bytes for seg in held), unexpected, segments=held,
+            baked=wrapper.baked_of((call.args, call.kwargs)),
         )
         return entry, outputs
 

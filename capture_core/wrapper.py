@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from capture_core.backends import CapturedGraph
+from capture_core.baked import BakedValues
 from capture_core.canary import CanaryRun, MutatedInput, Written
 from capture_core.checks import AddressCheckMode, ParameterNames
 from capture_core.descriptor import BatchDescriptor
@@ -71,6 +72,9 @@ class GraphEntry:
     """``checks.clean``, held here: the replay path reads it on every call."""
     per_step: PerStepInputs | None = field(default=None, repr=False)
     """The graph's per-step inputs, when it has any (their snapshot is captured into the graph)."""
+    baked: BakedValues | None = field(default=None, repr=False)
+    """The host values its capture baked in (its call's non-tensor arguments, its module's
+    attributes)."""
 
     runs_pass: ClassVar[bool] = False
     """True for an entry replayed by ``graph.run(args, kwargs)`` (a pass of segment graphs) rather
@@ -213,8 +217,10 @@ class CUDAGraphWrapper:
     or a mutated input the canary compares (default: all of it). ``padding_rewritten`` says the step
     rewrites the padding rows of its per-step inputs (checked: a padding row still holding an earlier
     step's real token is a stale input); False declares an engine that leaves them as they are (its
-    kernels never read them). An owner capturing on a wrapper's behalf sets ``decision`` for the
-    duration, instead of the wrapper asking the runtime's capture guard.
+    kernels never read them). ``unread`` names the non-tensor arguments and module attributes
+    (``self.<name>``) the graph does not read, so a change of theirs is no ``baked_value_changed``
+    (a name picks that value and everything inside it). An owner capturing on a wrapper's behalf sets
+    ``decision`` for the duration, instead of the wrapper asking the runtime's capture guard.
     """
 
     def __init__(
@@ -231,6 +237,7 @@ class CUDAGraphWrapper:
         mutated_inputs: MutatedInputs = None,
         compared: CanaryPart | None = None,
         padding_rewritten: bool = True,
+        unread: Sequence[str] = (),
     ) -> None:
         if runtime_mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
             raise ValueError(f"a graph wrapper serves FULL or PIECEWISE batches, not {runtime_mode.name}")
@@ -256,6 +263,9 @@ class CUDAGraphWrapper:
         )
         self.compared = compared
         self.padding_rewritten = padding_rewritten
+        if isinstance(unread, str):
+            raise TypeError(f"unread takes names, not {unread!r}")
+        self.unread = tuple(unread)
         self.decision: CaptureDecision | None = None
         self._graphs: dict[BatchDescriptor, GraphEntry] = {}
         # id(captured descriptor object) -> entry. Hashing a frozen dataclass costs more than the
@@ -374,6 +384,8 @@ class CUDAGraphWrapper:
             entry.per_step = self.per_step_of(layout, entry.mode, entry.descriptor)
             if entry.per_step is not None:
                 entry.graph = SnapshotFirst(entry.graph, entry.per_step.snapshot)
+        if entry.baked is None:  # no call of its own to compare (a pass, an adopted graph): the module's
+            entry.baked = self.baked_of(None)
         try:
             mutated = None if self.mutated_inputs is None else [
                 MutatedInput(spec, written)
@@ -389,7 +401,20 @@ class CUDAGraphWrapper:
             per_step=entry.per_step,
             mutated=mutated,
             sampling=self.runtime.sampling,
+            baked=entry.baked,
         )
+
+    def baked_of(self, call: tuple[Sequence[Any], Mapping[str, Any]] | None) -> BakedValues | None:
+        """The host values a graph captured on ``call`` (None: no call of its own) bakes in."""
+        if call is None and self.module is None:
+            return None
+        baked = BakedValues(self.parameter_names, call, self.module, self.unread)
+        if baked.unknown:
+            raise GraphCacheError(
+                f"wrapper {self.name!r}: unread names {', '.join(map(repr, baked.unknown))} pick no "
+                "non-tensor argument or module attribute (self.<name>) of the captured call"
+            )
+        return baked
 
     def per_step_of(
         self, layout: InputLayout, mode: CUDAGraphMode, descriptor: BatchDescriptor
@@ -448,7 +473,7 @@ class CUDAGraphWrapper:
         graph = runtime.backend.capture(fn, fn_args, fn_kwargs, runtime.warmup_iters, prologue=snapshot)
         return entry_type(
             context.descriptor, context.mode, graph, layout, graph.capture_seconds, graph.pool_bytes,
-            unexpected, per_step=per_step, **fields,
+            unexpected, per_step=per_step, baked=self.baked_of((call.args, call.kwargs)), **fields,
         )
 
     def record_inputs(self, call: GraphCall) -> InputLayout:

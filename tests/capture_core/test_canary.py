@@ -1,5 +1,7 @@
 """The replay-vs-eager canary: sampled replays run again eagerly (on copies, or on the real state
-with a declared region kept aside) and are compared."""
+with a declared region kept aside) and are compared. The steps here change a Python argument the
+graph bakes in; it is declared ``unread`` (a declaration that is wrong), so no baked-value check
+reports it and the canary is what finds it, as it finds a value the model reads from itself."""
 
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def make(observer, sampling: Sampling = EVERY, **options) -> tuple:
         "eager", observer=observer, progress=False, warmup_iters=0, sampling=sampling, **options
     )
     step = Step()
-    wrapper = CUDAGraphWrapper(step, runtime, name="step", mutated_inputs=["state"])
+    wrapper = CUDAGraphWrapper(step, runtime, name="step", mutated_inputs=["state"], unread=["scale"])
     x, state = torch.arange(8.0).reshape(4, 2), torch.zeros(4)
     with runtime.capture_phase(), set_forward_context(FULL, DESC):
         wrapper(x, state, scale=1.0)
@@ -105,7 +107,7 @@ def test_debug_mode_runs_it_on_every_replay_and_raises(observer) -> None:
 
 def test_integer_outputs_must_match_exactly(observer) -> None:
     runtime = GraphRuntime("eager", observer=observer, progress=False, canary=True, sampling=EVERY)
-    wrapper = CUDAGraphWrapper(lambda ids, *, offset: ids + offset, runtime, name="shift")
+    wrapper = CUDAGraphWrapper(lambda ids, *, offset: ids + offset, runtime, name="shift", unread=["offset"])
     ids = torch.arange(4)
     with runtime.capture_phase(), set_forward_context(FULL, DESC):
         wrapper(ids, offset=1)
@@ -131,7 +133,9 @@ class Scatter:
 
 def scattering(observer, **options) -> tuple:
     runtime = GraphRuntime("eager", observer=observer, progress=False, sampling=EVERY, canary=True, **options)
-    wrapper = CUDAGraphWrapper(Scatter(), runtime, name="scatter", mutated_inputs={"state": Scatter.written})
+    wrapper = CUDAGraphWrapper(
+        Scatter(), runtime, name="scatter", mutated_inputs={"state": Scatter.written}, unread=["scale"]
+    )
     x, slots, state = torch.arange(1.0, 5.0).reshape(2, 2), torch.tensor([0, 1]), torch.zeros(6, 2)
     with runtime.capture_phase(), set_forward_context(FULL, DESC):
         wrapper(x, slots, state, scale=1.0)

@@ -19,8 +19,8 @@ from capture_core.canary import Sampling
 from capture_core.descriptor import BatchDescriptor
 from capture_core.errors import (
     AddressDriftError,
+    BakedValueChangedError,
     LayoutMismatchError,
-    ReplayMismatchError,
     StaleInputError,
     UnexpectedCaptureError,
 )
@@ -45,8 +45,8 @@ FAULTS = {
     "layout_mismatch": (K.LAYOUT_MISMATCH, "input_ids", LayoutMismatchError),
     "reassigned_weight": (K.ADDRESS_DRIFT, "self.layers.0.qkv_proj.weight", AddressDriftError),
     "stale_input": (K.STALE_INPUT, "input_ids", StaleInputError),
-    "baked_host_value": (K.REPLAY_MISMATCH, "output", ReplayMismatchError),
-    "baked_slot": (K.REPLAY_MISMATCH, "kv_cache", ReplayMismatchError),
+    "baked_host_value": (K.BAKED_VALUE_CHANGED, "logit_scale", BakedValueChangedError),
+    "baked_slot": (K.BAKED_VALUE_CHANGED, "slot_offset", BakedValueChangedError),
     "late_wrapper": (K.UNEXPECTED_CAPTURE, None, UnexpectedCaptureError),
 }
 BAKED_ON_CUDA = ("baked_attribute", "baked_item")
