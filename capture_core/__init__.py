@@ -57,6 +57,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "LayoutMismatchError",
         "ReplayMismatchError",
         "StaleInputError",
+        "StaleOutputError",
         "UnexpectedCaptureError",
     ),
     "capture_core.descriptor": ("BatchDescriptor",),

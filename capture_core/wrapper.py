@@ -47,6 +47,7 @@ from capture_core.forward_context import ForwardContext, set_forward_context, us
 from capture_core.guard import ReplayChecks
 from capture_core.inputs import InputLayout
 from capture_core.modes import CUDAGraphMode
+from capture_core.outputs import Handouts
 from capture_core.runtime import CaptureDecision, CapturePhase, GraphRuntime
 from capture_core.stale import PerStepInputs
 from capture_core.state import ModuleState
@@ -75,6 +76,9 @@ class GraphEntry:
     baked: BakedValues | None = field(default=None, repr=False)
     """The host values its capture baked in (its call's non-tensor arguments, its module's
     attributes)."""
+    handouts: Handouts | None = field(default=None, repr=False)
+    """In debug mode, what its replays handed out (a read of an output a later replay wrote again is
+    a stale output)."""
 
     runs_pass: ClassVar[bool] = False
     """True for an entry replayed by ``graph.run(args, kwargs)`` (a pass of segment graphs) rather
@@ -313,7 +317,7 @@ class CUDAGraphWrapper:
         self, entry: GraphEntry, context: ForwardContext, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """A replay the guard did not wave through: look closer, report, replay (with the canary on
-        a sampled replay)."""
+        a sampled replay); in debug mode the outputs go out as views that know this replay."""
         runtime, checks = self.runtime, entry.checks
         debug = runtime.address_check is _DEBUG
         findings, sampled = checks.inspect(args, kwargs, context.num_real_tokens, debug)
@@ -343,6 +347,11 @@ class CUDAGraphWrapper:
             mismatches = canary.compare(outputs, eager)
             if mismatches:
                 runtime.report_findings(self.name, context.mode, context.descriptor, mismatches)
+        if debug and self.reports:  # handed out as views that know this replay (no copies)
+            if entry.handouts is None:
+                report = functools.partial(runtime.report_findings, self.name, entry.mode, entry.descriptor)
+                entry.handouts = Handouts(report)
+            outputs = entry.handouts.hand_out(outputs)
         return outputs
 
     def _capture_or_fallback(
