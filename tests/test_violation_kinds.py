@@ -95,10 +95,10 @@ def test_the_pytest_plugin_names_the_kind_of_each_raised_error(kind: ViolationKi
     assert (finding.kind, finding.message) == (kind.value, "planted")
 
 
-PLANTED = '''    BAKED_VALUE_CHANGED = "baked_value_changed", KindRecord(
-        label="baked value changed",
-        meaning="A planted kind: a host value the graph baked in at capture changed since.",
-        fix="Pass the value as a tensor input, or key the graph by it",
+PLANTED = '''    PLANTED_EXAMPLE = "planted_example", KindRecord(
+        label="planted example",
+        meaning="A planted kind: one record added to a copy of the code, and nothing else.",
+        fix="Nothing: it exists only in this test's copy of the code",
     )
 '''
 
@@ -113,6 +113,6 @@ def test_a_kind_added_as_one_record_is_on_every_surface(tmp_path: Path) -> None:
     anchor = '    RANK_DIVERGENCE = "rank_divergence", KindRecord('
     assert anchor in source
     events.write_text(source.replace(anchor, PLANTED + anchor))
-    shown = surfaces(tmp_path, "baked_value_changed")
-    assert shown.pop("api filter baked_value_changed") == 200
-    assert shown["baked_value_changed"] == dict.fromkeys(shown["address_drift"], True)
+    shown = surfaces(tmp_path, "planted_example")
+    assert shown.pop("api filter planted_example") == 200
+    assert shown["planted_example"] == dict.fromkeys(shown["address_drift"], True)
