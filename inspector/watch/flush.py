@@ -8,6 +8,13 @@ counters into replay windows, written through ``inspector.storage.writer`` like 
 rows and running totals), under each graph's own mode and identity, linked to the graph rows the
 Recorder wrote for its captures. It also records torch.compile's skips and re-records.
 
+An engine integration whose graphs are keyed by more than the descriptor's fields (transformers'
+continuous batching: ``inspector.engines.transformers_cb``) counts the same way, and also knows each
+batch's real tokens: its graphs count their replays by real tokens
+(``replays_by_real_tokens``), which this flusher writes as real and padding tokens and as the
+batch-size histogram. The watch cannot see padding: its graphs have none of that, and each replay
+counts as the whole captured size.
+
 Like the Recorder, it runs on its own thread, diffs monotonic counters against what it last
 committed (a failed write loses nothing: the next window covers the gap), and never raises into
 the engine.
@@ -26,25 +33,43 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection
 
+from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent
+from capture_core.modes import CUDAGraphMode
 from inspector.recording.batch import ReplayDelta, TrafficWindow, graph_key
 from inspector.storage.store import Store, open_store
 from inspector.storage.writer import KnownTotals, append_traffic, graph_ids, record_compile_event
-from inspector.watch.watcher import CompileEvent, WatchedGraph
+from inspector.watch.watcher import CompileEvent
 
 log = logging.getLogger(__name__)
 
 FINAL_ATTEMPTS = 5
 
 
+class CountedGraph(Protocol):
+    """A graph whose replays the program's thread counts and this flusher writes."""
+
+    mode: CUDAGraphMode
+    descriptor: BatchDescriptor
+    replays: int
+    """Replays so far (read when ``replays_by_real_tokens`` is None)."""
+    replays_by_real_tokens: dict[int, int] | None
+    """Replays so far by the real tokens of their batch, where the engine tells them; None where
+    it does not (each replay then counts as the whole captured size)."""
+
+
+Counts = tuple[CountedGraph, int, "dict[int, int] | None"]
+"""A graph, its replays and its replays by real tokens, as one flush read them."""
+
+
 class WatchFlusher:
     """Writes watched graphs' replay windows and compile events for the Recorder's run."""
 
-    def __init__(self, recorder: Any, graphs: Sequence[WatchedGraph], *, interval: float = 1.0) -> None:
+    def __init__(self, recorder: Any, graphs: Sequence[CountedGraph], *, interval: float = 1.0) -> None:
         self.recorder = recorder
         self.graphs = graphs
         self.interval = interval
@@ -54,7 +79,9 @@ class WatchFlusher:
         """Captures and violations for the Recorder, handed over at the next flush, in order."""
         self._lock = threading.Lock()
         self._committed: dict[int, int] = {}
-        """id(WatchedGraph) -> replays committed."""
+        """id(graph) -> replays committed."""
+        self._committed_sizes: dict[int, dict[int, int]] = {}
+        """id(graph) -> its replays by real tokens committed (graphs that count them)."""
         self._totals: KnownTotals | None = None
         """The running totals the run has, read at the first write: a watch installed again on a
         Recorder you own writes into the run an earlier installation wrote into."""
@@ -119,10 +146,10 @@ class WatchFlusher:
         if handed:
             self.recorder.flush(timeout=5.0)  # the graph rows the windows link to come first
         now = time.time()
-        counts = {id(graph): (graph, graph.replays) for graph in list(self.graphs)}
+        counts = {id(graph): _read(graph) for graph in list(self.graphs)}
         with self._lock:
             events = list(self._compile_events)
-        if not events and all(count <= self._committed.get(key, 0) for key, (_, count) in counts.items()):
+        if not events and all(count <= self._committed.get(key, 0) for key, (_, count, _) in counts.items()):
             return True  # nothing new: no transaction
         try:
             if self._store is None:
@@ -138,7 +165,8 @@ class WatchFlusher:
                 log.warning("graph-inspector watch: cannot write replays yet (%s); retrying", error)
             return False
         self.failures = 0
-        self._committed.update({key: count for key, (_, count) in counts.items()})
+        self._committed.update({key: count for key, (_, count, _) in counts.items()})
+        self._committed_sizes.update({key: sizes for key, (_, _, sizes) in counts.items() if sizes})
         known.update(new_totals)
         self._totals = known
         self._window_start = now
@@ -162,13 +190,13 @@ class WatchFlusher:
         self,
         conn: Connection,
         run_id: int,
-        counts: dict[int, tuple[WatchedGraph, int]],
+        counts: dict[int, Counts],
         now: float,
         known: KnownTotals,
     ) -> KnownTotals:
         """This window's replays per graph key (graphs of one key add up), linked to their graph rows."""
         window = TrafficWindow(self._window_start, now)
-        for key, (graph, count) in counts.items():
+        for key, (graph, count, sizes) in counts.items():
             replays = count - self._committed.get(key, 0)
             if replays <= 0:
                 continue
@@ -177,9 +205,26 @@ class WatchFlusher:
             if delta is None:
                 delta = window.replays[gkey] = ReplayDelta(graph.mode, graph.descriptor)
             delta.replays += replays
-            # A watched graph's batch is the whole captured size: the watch cannot see padding.
-            delta.num_real_tokens += replays * graph.descriptor.captured_size
+            if sizes is None:  # the watch cannot see padding: a batch is the whole captured size
+                delta.num_real_tokens += replays * graph.descriptor.captured_size
+                continue
+            committed = self._committed_sizes.get(key, {})
+            for real, total in sizes.items():
+                batches = total - committed.get(real, 0)
+                if batches > 0:
+                    delta.num_real_tokens += real * batches
+                    window.batch_sizes[real] = window.batch_sizes.get(real, 0) + batches
         if not window.replays:
             return KnownTotals()
         ids = graph_ids(conn, run_id, window.replays)
         return append_traffic(conn, run_id, [window], ids, known, now)
+
+
+def _read(graph: CountedGraph) -> Counts:
+    """One graph's counters as they are now. A copy of the by-tokens dict is one C call (atomic
+    under the GIL), and the replays are its sum, so the two always agree."""
+    by_tokens = graph.replays_by_real_tokens
+    if by_tokens is None:
+        return graph, graph.replays, None
+    sizes = dict(by_tokens)
+    return graph, sum(sizes.values()), sizes

@@ -19,10 +19,10 @@ from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, ViolationEvent
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
-from inspector.watch.watcher import CompileEvent, WatchedGraph
+from inspector.watch.watcher import CompileEvent
 
 if TYPE_CHECKING:
-    from inspector.watch.flush import WatchFlusher
+    from inspector.watch.flush import CountedGraph, WatchFlusher
 
 
 def describe_device() -> str:
@@ -63,13 +63,19 @@ class RecorderSink:
         self.recorder: Any = recorder
         self.owns_recorder = recorder is None
         self.flusher: WatchFlusher | None = None
-        self._graphs: Sequence[WatchedGraph] = ()
+        self._graphs: Sequence[CountedGraph] = ()
         self._lock = threading.Lock()
         self._closed = False
 
-    def bind(self, graphs: Sequence[WatchedGraph]) -> None:
-        """The watcher's list of graphs, whose replay counters the flusher writes."""
+    def bind(self, graphs: Sequence[CountedGraph]) -> None:
+        """The list of graphs (the watcher's, or an engine integration's) whose replay counters the
+        flusher writes."""
         self._graphs = graphs
+
+    def start(self) -> None:
+        """Start recording now (the Recorder, the flusher) rather than at the first record: for an
+        engine integration whose eager batches go to the Recorder directly."""
+        self._started()
 
     def _started(self) -> WatchFlusher:
         # The database side (SQLAlchemy and the models) is imported here, at the first record, not

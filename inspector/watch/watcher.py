@@ -21,7 +21,7 @@ import types
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, GraphObserver, ViolationEvent, ViolationKind
@@ -88,6 +88,8 @@ class WatchedGraph:
     """The function whose graph this is: the compiled function for torch.compile's graphs (one
     ``wrapper`` per function, which the graphs page groups by), else the capturing code's function."""
     replays: int = 0
+    replays_by_real_tokens: ClassVar[None] = None
+    """The watch cannot see a batch's real tokens (see ``inspector.watch.flush``)."""
     on_replay: Callable[[CUDAGraphMode, BatchDescriptor, int], None] | None = None
     """The sink's per-replay call, bound once the capture was sent; None for sinks that read
     ``replays`` themselves (the Recorder sink), so a replay costs one integer bump."""
