@@ -21,7 +21,7 @@ What is recorded (one run per process, transformers' resolved configuration on i
 - not the warm-up's made-up batches.
 
 ``graph-inspector serve`` shows it like any run: graphs grouped by path, late ones marked, padding
-per size. Supported: transformers 5.17 and 5.24 (``versions.py``); other releases are refused with
+per size. Supported: transformers 5.17 and 5.24 (``version.py``); other releases are refused with
 one line (``attach`` returns None), and ``graph-inspector watch`` is the fallback. Importing this
 package imports neither transformers nor the database side (both are loaded when first needed).
 """
@@ -29,6 +29,6 @@ package imports neither transformers nor the database side (both are loaded when
 from __future__ import annotations
 
 from inspector.engines.transformers_cb.attachment import Attachment, attach, current, detach
-from inspector.engines.transformers_cb.versions import SUPPORTED
+from inspector.engines.transformers_cb.version import SUPPORTED
 
 __all__ = ["SUPPORTED", "Attachment", "attach", "current", "detach"]

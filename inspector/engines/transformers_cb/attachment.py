@@ -27,7 +27,7 @@ from capture_core.sizes import EagerReason
 from inspector.engines.transformers_cb.keys import CBKey
 from inspector.engines.transformers_cb.ledger import CBGraph, Ledger
 from inspector.engines.transformers_cb.patches import Patch, Transformers, graph_inputs, graphs_on, run_config
-from inspector.engines.transformers_cb.versions import refusal
+from inspector.engines.transformers_cb.version import refusal
 from inspector.watch.identity import CapturedInputs
 from inspector.watch.pools import PoolId, allocator_pool_bytes, pool_id
 from inspector.watch.sink import RecorderSink, describe_device
@@ -282,7 +282,7 @@ def attach(
     ``generate_batch`` (or before the manager is made); the steps after it are recorded.
 
     Returns None, having logged why in one line, where transformers is missing or is a release the
-    integration does not read (``versions.SUPPORTED``): the program runs on, unrecorded.
+    integration does not read (``version.SUPPORTED``): the program runs on, unrecorded.
     """
     global _active
     try:

@@ -1,6 +1,6 @@
 """transformers' continuous batching with real CUDA graphs, attached to (the H200, transformers 5.17).
 
-    python3 -m pytest -m cuda tests/inspector/test_transformers_cb_cuda.py
+    python3 -m pytest -m cuda tests/engines/test_transformers_cb_cuda.py
 
 The trace's first requests (``bench/gpu_transformers_cb.py``'s workload, tiny model and sizes)
 served twice by one persistent manager, bare and then attached, in one process. What is checked is
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from sqlalchemy import select
-from workers import fetch_rows
+
+from tests.inspector.workers import fetch_rows
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,19 +5,21 @@ into a real database)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sqlalchemy import select
-from workers import fetch_rows
 
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
 from inspector.engines.transformers_cb.keys import CBKey
 from inspector.engines.transformers_cb.ledger import Ledger
-from inspector.engines.transformers_cb.versions import SUPPORTED, refusal, release_line
+from inspector.engines.transformers_cb.version import SUPPORTED, refusal, release_line
 from inspector.recording.recorder import Recorder
 from inspector.storage.models import BatchSizeCount, Graph, ReplayTotal, ReplayWindow
 from inspector.watch.flush import WatchFlusher
 from inspector.watch.identity import CapturedInputs
+from tests.inspector.workers import fetch_rows
 
 
 @pytest.mark.parametrize("version", ["5.17.0", "5.17.3", "5.24.0", "5.24.0.dev0"])
@@ -112,7 +114,8 @@ def test_replays_by_real_tokens_give_real_and_padding_tokens() -> None:
     assert summary["by_graph"][0]["transformers_key"] == [64, 4096, 1024]
 
 
-def test_the_flusher_writes_replays_by_real_tokens_as_real_and_padding_tokens_and_sizes(db_url: str) -> None:
+def test_the_flusher_writes_replays_by_real_tokens_as_real_and_padding_tokens(tmp_path: Path) -> None:
+    db_url = f"sqlite:///{tmp_path / 'cb.db'}"
     ledger = Ledger()
     graphs = []
     recorder = Recorder(db_url, flush_interval=60).start()

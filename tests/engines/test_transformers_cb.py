@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 from sqlalchemy import select
-from workers import fetch_rows
+
+from tests.inspector.workers import fetch_rows
 
 transformers = pytest.importorskip("transformers")
 
