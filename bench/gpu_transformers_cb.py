@@ -689,7 +689,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--requests",
         type=int,
         default=None,
-        help="the trace's first N requests (default 400; 24 with --quick)",
+        help="the trace's first N requests (default 240; 24 with --quick)",
     )
     parser.add_argument(
         "--wave-s", type=float, default=10.0, help="seconds of the trace per wave (default 10)"
@@ -715,7 +715,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, full, small in (
         ("rounds", 3, 1),
         ("model", "small", "tiny"),
-        ("requests", 400, 24),
+        ("requests", 240, 24),
         ("max_prompt", 512, 48),
         ("max_output", 96, 8),
     ):

@@ -110,16 +110,24 @@ def test_graphs_by_transformers_key_late_captures_real_tokens_and_pool_with_the_
 def test_generate_batch_with_cuda_graphs_is_recorded_as_users_call_it(
     model: object, requests: list, tmp_path: Path, detached: None
 ) -> None:
+    """Twice, as a program calls it: each call makes a new manager (a new runner, pool and graphs),
+    whose graphs are told apart from the first's."""
     prompts = [list(r.prompt) for r in requests]
     attachment = attach(f"sqlite:///{tmp_path / 'cb.db'}")
     assert attachment is not None
-    out = model.generate_batch(prompts, generation_config=generation_config(),
-                               continuous_batching_config=cb_config(SIZE), max_new_tokens=4)
+    for _ in range(2):
+        out = model.generate_batch(prompts, generation_config=generation_config(),
+                                   continuous_batching_config=cb_config(SIZE), max_new_tokens=4)
+        assert len(out) == len(prompts) and all(len(o.generated_tokens) == 4 for o in out.values())
     detach()
-    assert len(out) == len(prompts) and all(len(o.generated_tokens) == 4 for o in out.values())
     graphs = attachment.ledger.graphs
-    assert any(not g.late for g in graphs) and sum(g.replays for g in graphs) > 0
+    assert {g.key.runner for g in graphs} == {1, 2}
+    keys = [g.descriptor.key for g in graphs]
+    assert len(set(keys)) == len(keys) and all(key.endswith(" runner 2") for key in keys if "runner" in key)
+    for runner in (1, 2):
+        mine = [g for g in graphs if g.key.runner == runner]
+        assert any(not g.late for g in mine) and sum(g.replays for g in mine) > 0
     captured_late = attachment.ledger.eager.get("unexpected_capture", [0, 0])
     assert captured_late[0] == sum(g.late for g in graphs)
     # however generate_batch batched them: every prompt token and every fed-back answer token once
-    assert sum(g.num_real_tokens for g in graphs) + captured_late[1] == sum(len(p) + 3 for p in prompts)
+    assert sum(g.num_real_tokens for g in graphs) + captured_late[1] == 2 * sum(len(p) + 3 for p in prompts)

@@ -45,7 +45,8 @@ class RunnerState:
     """What the attachment knows of one ``ModelRunner`` (one manager's batch processor)."""
 
     index: int
-    """1 for the process's first runner, 2 for the next..."""
+    """1 for the first runner the attachment met, 2 for the next (a later ``generate_batch`` makes a
+    new runner, with a new pool and new graphs)..."""
     in_warmup: bool = False
 
 
@@ -86,6 +87,7 @@ class Attachment:
         """Why recording stopped (the database could not be opened), or "" while it goes on."""
         self.patch = Patch(transformers.model_runner, self)
         self._runners: weakref.WeakKeyDictionary[Any, RunnerState] = weakref.WeakKeyDictionary()
+        self._runner_count = 0
         self._sink: RecorderSink | None = None
         self._recorder: Any = None
         self._owned_recorder: Any = None
@@ -133,7 +135,10 @@ class Attachment:
                 if self.stopped:
                     return None
             with self._lock:
-                state = self._runners.setdefault(runner, RunnerState(index=len(self._runners) + 1))
+                state = self._runners.get(runner)
+                if state is None:  # numbered for good: a runner that is gone keeps its number
+                    self._runner_count += 1
+                    state = self._runners[runner] = RunnerState(index=self._runner_count)
         return state
 
     def _before_step(self, runner: Any, model: Any) -> _Step | None:
