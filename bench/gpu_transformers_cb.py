@@ -363,6 +363,7 @@ def read_back(db: str, run_id: int | None) -> dict[str, Any]:
                 by_graph.append(
                     {
                         "key": g.descriptor_key,
+                        "engine_key": g.engine_key,
                         "captured_size": g.captured_size,
                         "unexpected": bool(g.unexpected),
                         "capture_seconds": g.capture_seconds,

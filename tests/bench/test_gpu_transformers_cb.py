@@ -101,6 +101,7 @@ def test_a_run_with_graphs_is_read_back_from_the_database_and_checked_against_tr
     assert [(g["key"], g["unexpected"], g["replays"], g["num_real_tokens"], g["padding_tokens"])
             for g in recorded["by_graph"]] == [("varlen q=64 kv=16384 k=16384", False, 0, 0, 0),
                                                ("varlen q=16 kv=4096 k=1024", True, 4, 43, 64 - 43)]
+    assert [g["engine_key"] for g in recorded["by_graph"]] == ["(64, 16384, 16384)", "(16, 4096, 1024)"]
     assert recorded["eager"] == [{"reason": "unexpected_capture", "batches": 1, "num_real_tokens": 9}]
     assert recorded["traffic"]["replays"] == 4 and recorded["traffic"]["hit_ratio"] == 4 / 5
     process = {"recorded": recorded, "integration": {"errors": 0, "by_graph": ledger.summary()["by_graph"]},

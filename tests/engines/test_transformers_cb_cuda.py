@@ -88,10 +88,12 @@ def test_graphs_by_transformers_key_late_captures_real_tokens_and_pool_with_the_
     # the pool: what each capture added, summed, is what the allocator holds in transformers' pool
     assert attached.pool_reserved_bytes and sum(g.pool_bytes for g in graphs) == attached.pool_reserved_bytes
 
-    rows = fetch_rows(url, select(Graph.descriptor_key, Graph.captured_size, Graph.unexpected,
-                                  Graph.capture_seconds, Graph.pool_bytes).where(Graph.run_id == run_id))
+    rows = fetch_rows(url, select(Graph.descriptor_key, Graph.engine_key, Graph.captured_size,
+                                  Graph.unexpected, Graph.capture_seconds, Graph.pool_bytes)
+                      .where(Graph.run_id == run_id))
     assert sorted(rows) == sorted(
-        (g.descriptor.key, g.key.num_q_tokens, g.late, g.capture_seconds, g.pool_bytes) for g in graphs
+        (g.descriptor.key, repr(g.key.key), g.key.num_q_tokens, g.late, g.capture_seconds, g.pool_bytes)
+        for g in graphs
     )
     totals = fetch_rows(url, select(ReplayTotal.descriptor_key, ReplayTotal.replays,
                                     ReplayTotal.num_real_tokens, ReplayTotal.padding_tokens)

@@ -62,7 +62,7 @@ def test_a_hybrid_models_key_has_a_key_length_per_attention_type() -> None:
 
 def test_a_decode_key_is_a_uniform_batch_and_async_pairs_and_later_runners_are_told_apart() -> None:
     key = CBKey((8,), decode=True, num_sequences=8, pair=1, runner=2)
-    assert key.text == "decode q=8 io 1 runner 2"
+    assert key.text == "decode q=8 io 1 runner 2" and key.engine_text == "(IO 1) (8,)"
     descriptor = key.descriptor()
     assert (descriptor.captured_size, descriptor.num_reqs, descriptor.uniform) == (8, 8, True)
     first = CBKey((8,), decode=True, num_sequences=8, pair=0).descriptor()
@@ -88,6 +88,7 @@ def test_a_late_capture_is_recorded_as_captured_after_start_up_with_its_cost_and
     assert (event.input_names, event.input_addresses) == (inputs.names, inputs.addresses)
     assert event.mode is CUDAGraphMode.FULL and event.backend == "cuda"
     assert event.wrapper == "transformers ModelRunner varlen path"
+    assert (first.engine_key, event.engine_key) == ("(64, 4096, 1024)", "(128, 4096, 1024)")
     assert ledger.graph((1, None, (128, 4096, 1024))) is late
     summary = ledger.summary()
     assert (summary["graphs"], summary["start_up_graphs"], summary["late_captures"]) == (2, 1, 1)

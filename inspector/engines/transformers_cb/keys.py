@@ -74,6 +74,13 @@ class CBKey:
             text += f" runner {self.runner}"
         return text
 
+    @property
+    def engine_text(self) -> str:
+        """The key as transformers writes it in its log (``Creating graph for key = (256, 8192,
+        1024)``), after ``(IO 1)`` for an async pair's graph, as transformers prefixes it."""
+        prefix = "" if self.pair is None else f"(IO {self.pair}) "
+        return f"{prefix}{self.key!r}"
+
     def descriptor(self) -> WatchedDescriptor:
         return WatchedDescriptor(
             num_tokens=self.num_q_tokens,

@@ -127,6 +127,7 @@ class Ledger:
             warmup_iters=WARMUP_FORWARDS if seen_capture else 0,
             unexpected=late,
             captured_at=graph.captured_at,
+            engine_key=key.engine_text,
         )
         return graph, event
 
