@@ -94,6 +94,27 @@ def test_every_step_is_recorded_with_its_real_tokens_and_the_tokens_are_the_bare
     assert fetch_rows(url, select(Graph.id)) == []
 
 
+def test_the_readme_line_attaches_and_generate_batch_is_recorded_in_its_database(
+    model: object, requests: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, detached: None
+) -> None:
+    from bench.gpu_transformers_cb import cb_config, generation_config
+    from tests.support.readme import python_block
+
+    monkeypatch.chdir(tmp_path)
+    line = python_block("from inspector.engines.transformers_cb import attach")
+    exec(compile(line, "README.md", "exec"), {})
+    attachment = current()
+    assert attachment is not None
+    model.generate_batch([list(r.prompt) for r in requests[:3]], generation_config=generation_config(),
+                         continuous_batching_config=cb_config("tiny"), max_new_tokens=2)
+    run_id = attachment.run_id
+    detach()
+    assert (tmp_path / "cb.db").exists()
+    assert fetch_rows(f"sqlite:///{tmp_path / 'cb.db'}", select(Run.label).where(Run.id == run_id)) == [
+        ("transformers continuous batching",)
+    ]
+
+
 def test_generate_batch_is_recorded_as_users_call_it(model: object, requests: list, tmp_path: Path,
                                                      detached: None) -> None:
     from bench.gpu_transformers_cb import cb_config, generation_config
