@@ -76,11 +76,9 @@ def test_gpu_checks_quick_reports_clean_traffic_first_then_every_planted_fault_a
     faults = payload["results"]["planted_faults"]
     assert {(r["graph"], r["fault"]) for r in faults} == {(g, f) for g in KINDS for f in FAULTS}
     assert all(r["caught"] and r["false_alarms_before"] == 0 for r in faults)
-    # What the guard sees is caught at the first faulty step; what only the canary sees, at the next
-    # sampled replay (one in 5 in --quick, the first two replays clean).
-    steps = {r["fault"]: r["faulty_steps"] for r in faults if r["graph"] == "plain"}
-    assert steps["address_drift"] == steps["stale_input"] == steps["late_wrapper"] == 1
-    assert steps["baked_host_value"] == steps["baked_slot"] == 4
+    # Every fault of the suite is caught at the first faulty step, no sampled replay needed (the
+    # baked host values by the guard's baked-value comparison, not the canary).
+    assert {r["faulty_steps"] for r in faults} == {1}
     assert all(t["met"] is not False for t in payload["targets"])
     assert stdout.index("Clean traffic with every check on") < stdout.index("Planted faults")
 

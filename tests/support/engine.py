@@ -33,8 +33,8 @@ class SharedPoolBackend(EagerBackend):
         self.reserved = 0
 
     def capture(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
-                warmup_iters: int) -> EagerGraph:
-        graph = super().capture(fn, args, kwargs, warmup_iters)
+                warmup_iters: int, prologue: Callable[[], None] | None = None) -> EagerGraph:
+        graph = super().capture(fn, args, kwargs, warmup_iters, prologue)
         need = int(args[0].shape[0]) * self.bytes_per_token  # args[0]: the token ids of this size
         graph.pool_bytes = max(0, need - self.reserved) + GRAPH_OVERHEAD_BYTES
         self.reserved = max(self.reserved, need)
