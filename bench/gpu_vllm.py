@@ -123,7 +123,8 @@ def advised_sizes(db: Path, out: Path) -> list[int]:
     return list(json.loads(done.stdout)["advised"]["capture_sizes"])
 
 
-def run(name: str, steps: int, work: Path, out: Path, extra: list[str], deadline_s: float) -> dict[str, Any]:
+def run(name: str, steps: int, work: Path, out: Path, extra: list[str], deadline_s: float,
+        quiet_file: Path | None = None) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     runner = Plan(work, extra, time.monotonic() + deadline_s)
     specs = plan(name, steps)
@@ -136,6 +137,11 @@ def run(name: str, steps: int, work: Path, out: Path, extra: list[str], deadline
             gate.write_text("go")
             late = runner.wait([s["tag"] for s in specs if s["group"] == group], "ready", 400)
             runner.say(f"group {group} built" + (f" (late: {late})" if late else ""))
+        if quiet_file is not None:  # something else used the GPU while vLLM was being built
+            until = time.monotonic() + 240
+            while not quiet_file.exists() and time.monotonic() < until:
+                time.sleep(0.5)
+            runner.say(f"{quiet_file} {'seen' if quiet_file.exists() else 'not seen in 240 s'}: serving")
         order = sorted(specs, key=lambda s: s["serve"])
         for spec in order:
             if name == "full" and spec["serve"] == 10:  # the V2 runs are served: advise, build on it
@@ -200,10 +206,12 @@ def main() -> int:
     parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole plan's bound")
     parser.add_argument("--out", required=True, help="folder for the summary and the archive")
     parser.add_argument("--work", default="/tmp/gpu_vllm", help="scratch folder (databases, logs)")
+    parser.add_argument("--quiet-file", type=Path, help="serve only once this file exists (up to 240 s): "
+                        "other GPU work started beside the build has finished")
     args, extra = parser.parse_known_args()  # the rest goes to every vllm_serve.py process
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = run(args.plan, args.steps, Path(args.work), out, extra, args.deadline_s)
+    summary = run(args.plan, args.steps, Path(args.work), out, extra, args.deadline_s, args.quiet_file)
     print("\n| process | runner | on | init s | steps | tok/s | violations | stopped by |")
     print("|---|---|---|---|---|---|---|---|")
     for r in summary["processes"]:
