@@ -358,10 +358,14 @@ def main(argv: list[str] | None = None) -> int:
         if session is not None:
             session.close()
             result["recorder"] = {"url": session.recorder.url, "dropped": session.recorder.dropped}
-        if args.multiproc:  # the engine core's process closes its recorder when vLLM shuts its worker down
-            engine.engine_core.shutdown()
-        touch(args.done_file)
         dump()
+        touch(args.done_file)
+        if args.multiproc:  # the engine core's process closes its recorder when vLLM shuts its worker down
+            import threading
+
+            closing = threading.Thread(target=engine.engine_core.shutdown, daemon=True)
+            closing.start()
+            closing.join(60)
         print(f"[vllm_serve {args.tag}] OK steps={step} tok/s={result['tok_per_s']} init={result['init_s']}s "
               f"violations={len(violations)} stopped_by={error}", flush=True)
         sys.stdout.flush()
