@@ -47,7 +47,7 @@ def plan(name: str, steps: int) -> list[dict[str, Any]]:
                 "db": bool(i % 2), "args": [*shared, "--runner", "v2", *KV]} for i in range(6)]
     if name == "compare":
         return compare
-    return [
+    full = [
         {"tag": "v1-on", "group": 0, "serve": 10, "db": True,
          "args": [*shared, "--runner", "v1", "--cudagraph-metrics", "--canary"]},
         *compare,
@@ -58,6 +58,9 @@ def plan(name: str, steps: int) -> list[dict[str, Any]]:
         {"tag": "v2-multiproc", "group": 1, "serve": 13, "db": True,
          "args": ["--steps", str(max(steps // 3, 300)), "--runner", "v2", "--multiproc", *KV]},
     ]
+    if name == "checks":  # the comparison, the V1 runner with vLLM's metrics and the canary, the faults
+        return [spec for spec in full if spec["tag"] != "v2-multiproc"]
+    return full
 
 
 class Plan:
@@ -201,7 +204,7 @@ def stopped(result: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--plan", choices=("full", "compare"), default="full")
+    parser.add_argument("--plan", choices=("full", "checks", "compare"), default="full")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole plan's bound")
     parser.add_argument("--out", required=True, help="folder for the summary and the archive")

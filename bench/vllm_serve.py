@@ -76,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="kv_cache_memory_bytes (skips vLLM's memory profiling; 0: gpu_memory_utilization)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.08)
     p.add_argument("--cudagraph-metrics", action="store_true")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="serve this many steps of the trace first, unmeasured (while the others build)")
     p.add_argument("--faults", action="store_true", help="plant the faults (in-process engine only)")
     p.add_argument("--canary", action="store_true", help="the replay-vs-eager canary on sampled replays")
     p.add_argument("--init-gate", default="", help="wait for this file before building the engine")
@@ -185,10 +187,17 @@ class Faults:
         else:
             raise ValueError(name)
 
-    def undo(self) -> None:
+    @property
+    def active(self) -> bool:
+        return self._undo is not None
+
+    def undo(self, faulty_step: int) -> None:
+        """Take the fault out again, once a step replayed a graph with it in place (``faulty_step``:
+        where a silently wrong graph would have run, and where it must be caught)."""
         if self._undo is not None:
             undo, self._undo = self._undo, None
             undo()
+            self.planted[-1]["faulty_step"] = faulty_step
 
     def _dispatch_uncaptured(self) -> Any:
         """The next step of a token count that is no capture size is dispatched to PIECEWISE at its
@@ -222,6 +231,23 @@ class Faults:
 
         dispatcher.dispatch = dispatch
         return lambda: dispatcher.__dict__.pop("dispatch", None)
+
+
+def serve(engine: Any, requests: list[tuple[int, list[int], int]], prefix: str, sampling: Any
+          ) -> dict[str, Any]:
+    """Serve ``requests`` (arrival step, prompt, output tokens) to the end, plainly (the warm-up)."""
+    pending, step, added, started = list(requests), 0, 0, time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        if pending and not engine.has_unfinished_requests():
+            step = max(step, pending[0][0])
+        while pending and pending[0][0] <= step:
+            _, prompt, output = pending.pop(0)
+            params = sampling(max_tokens=output, temperature=0.0, ignore_eos=True, detokenize=False)
+            engine.add_request(f"{prefix}{added}", {"prompt_token_ids": prompt}, params)
+            added += 1
+        engine.step()
+        step += 1
+    return {"requests": added, "steps": step, "seconds": round(time.perf_counter() - started, 2)}
 
 
 FAULT_ORDER = ("weight_data_swap", "weight_parameter_reassigned", "input_buffer_replaced",
@@ -292,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
             core = llm.llm_engine.engine_core.engine_core
             runner = core.model_executor.driver_worker.worker.model_runner
             result["model_runner"] = type(runner).__module__ + "." + type(runner).__name__
+        if args.warmup_steps:  # kernels compiled, caches warm: the measured serve starts steady
+            warm = trace_requests(argparse.Namespace(**{**vars(args), "steps": args.warmup_steps}))
+            result["warmup"] = serve(llm.llm_engine, warm, "w", SamplingParams)
         touch(args.ready_file)
         wait_for(args.go_file)
         violations: list[dict[str, Any]] = []
@@ -311,7 +340,17 @@ def main(argv: list[str] | None = None) -> int:
 
                 session.violation = violation
         faults = Faults(runner, args.runner) if args.faults and runner is not None else None
-        fault_steps = {args.steps // 3 + 40 * i: name for i, name in enumerate(FAULT_ORDER)} if faults else {}
+        modes: dict[int, str] = {}  # step -> the runtime mode vLLM dispatched it in (with the integration)
+        if session is not None:
+            dispatched = session.step
+
+            def step_seen(vllm_mode: Any, *a: Any, **k: Any) -> None:
+                if not session.dummy_depth:
+                    modes[state["step"]] = vllm_mode.name
+                dispatched(vllm_mode, *a, **k)
+
+            session.step = step_seen
+        to_plant, plant_at = (list(FAULT_ORDER) if faults else []), args.steps // 3
         engine = llm.llm_engine
         params = {n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
                   for n in {o for _, _, o in requests}}
@@ -331,10 +370,11 @@ def main(argv: list[str] | None = None) -> int:
                     engine.add_request(f"r{added}", {"prompt_token_ids": prompt}, params[output])
                     added += 1
                 if faults is not None:
-                    if step in fault_steps:
-                        faults.plant(fault_steps[step], step)
-                    elif step - 1 in fault_steps:
-                        faults.undo()
+                    if faults.active and modes.get(step - 1, "NONE") != "NONE":
+                        faults.undo(step - 1)  # a graph replayed with the fault in place: its faulty step
+                    if to_plant and step >= plant_at and not faults.active:
+                        faults.plant(to_plant.pop(0), step)
+                        plant_at = step + 40
                 state["step"] = step
                 for output in engine.step():
                     if output.finished:
