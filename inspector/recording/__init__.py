@@ -4,7 +4,8 @@ flush thread.
 ``recorder.py`` (``Recorder``, the observer and its thread's loop), ``flusher.py`` (what that
 thread holds and writes), ``outage.py`` (its trouble with the database: backoff, a corrupt file
 refused), ``batch.py`` (what one flush writes, as plain data), ``losses.py`` (what could not be
-kept, and where that is written), ``process.py`` (what a run row says of its process).
+kept, and where that is written), ``process.py`` (what a run row says of its process),
+``forks.py`` (what a fork does to recorders, and what they do about it).
 """
 
 from capture_core.lazy import lazy_exports

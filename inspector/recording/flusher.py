@@ -93,7 +93,8 @@ class Flusher:
 
     def __init__(self, url: str, info: RunInfo, max_pending: int, *, replays: dict[ReplayKey, list[int]],
                  eager: dict[EagerKey, list[int]], captures: deque[CaptureEvent],
-                 violations: deque[ViolationEvent], arrivals: Losses, step_log: StepLog | None) -> None:
+                 violations: deque[ViolationEvent], arrivals: Losses, step_log: StepLog | None,
+                 since: tuple[dict[ReplayKey, int], dict[EagerKey, int]] | None = None) -> None:
         self.url, self.info = url, info
         self._replays, self._eager = replays, eager
         self._captures, self._violations, self._arrivals = captures, violations, arrivals
@@ -104,6 +105,8 @@ class Flusher:
         self.pending = PendingRecords(max_pending)
         self._committed_replays: dict[ReplayKey, int] = {}
         self._committed_eager: dict[EagerKey, int] = {}
+        if since is not None:  # a forked child's run: the counts the parent had at the fork are not its
+            self._committed_replays, self._committed_eager = since
         self._window_start = time.time()
         self._backend: str | None = None
         self._lost = Losses()
@@ -119,6 +122,11 @@ class Flusher:
     def dispose(self) -> None:
         if self.store is not None:
             self.store.dispose()
+
+    def let_go_after_fork(self) -> None:
+        """In a forked child: let go of the parent's connections (``Store.let_go_after_fork``)."""
+        if self.store is not None:
+            self.store.let_go_after_fork()
 
     def losses(self) -> Losses:
         """What the engine's thread and the flusher dropped (not the traffic left unwritten)."""

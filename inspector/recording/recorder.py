@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from capture_core.descriptor import BatchDescriptor
@@ -38,11 +39,13 @@ from capture_core.events import CaptureEvent, FanOutObserver, NullObserver, Viol
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
 from inspector.ranks.steps import StepLog
+from inspector.recording import forks
 from inspector.recording.batch import EagerKey, ReplayKey
 from inspector.recording.flusher import Flusher, TakenOver
 from inspector.recording.losses import Losses
 from inspector.recording.process import describe_process
-from inspector.storage.store import resolve_url
+from inspector.storage.store import resolve_url, sqlite_file
+from inspector.storage.writer import RunInfo
 
 log = logging.getLogger("graph_inspector.recorder")
 
@@ -81,13 +84,25 @@ class Recorder:
         self.flush_interval = float(flush_interval)
         self.max_pending = max_pending
         self.close_timeout = close_timeout
-        self.info = describe_process(label, config, rank, world_size, device, job)
+        self._asked = (label, config, rank, world_size, device, job, step_sequence)
+        """What the run's process description and its step sequence are made of (a fork makes them
+        again, for the child)."""
         # Hot-path counters, written by the engine thread only: key -> [count].
         self._replays: dict[ReplayKey, list[int]] = {}
         self._eager: dict[EagerKey, list[int]] = {}
+        self._begin(describe_process(label, config, rank, world_size, device, job), step_sequence)
+        self._cancel_finalizer: Callable[[], None] = lambda: None
+        self._late_why = "reported after close()"
+        forks.track(self)
+
+    def _begin(self, info: RunInfo, step_sequence: bool | None,
+               since: tuple[dict[ReplayKey, int], dict[EagerKey, int]] | None = None) -> None:
+        """A run's state before its flush thread starts: at construction, and in a forked child
+        (``since``: the counts at the fork, which the child's run counts from)."""
+        self.info = info
         if step_sequence is None:
             step_sequence = bool(self.info.job) and self.info.world_size > 1
-        self.step_log = StepLog(max_pending) if step_sequence else None
+        self.step_log = StepLog(self.max_pending) if step_sequence else None
         # The hot path appends each bumped counter cell here (None: the order is not kept).
         self._steps: list | None = self.step_log.entries if self.step_log is not None else None
         # Rare events, appended by the engine, drained by the flush thread.
@@ -95,11 +110,15 @@ class Recorder:
         self._violation_queue: deque[ViolationEvent] = deque()
         self._arrival_losses = Losses()
         """Dropped by the engine's thread (queue full, or closed); the flush thread's are apart."""
-        self._flusher = Flusher(self.url, self.info, max_pending, replays=self._replays, eager=self._eager,
-                                captures=self._capture_queue, violations=self._violation_queue,
-                                arrivals=self._arrival_losses, step_log=self.step_log)
+        self._flusher = Flusher(self.url, self.info, self.max_pending, replays=self._replays,
+                                eager=self._eager, captures=self._capture_queue,
+                                violations=self._violation_queue, arrivals=self._arrival_losses,
+                                step_log=self.step_log, since=since)
         """The flush thread's state, and its writes."""
         # Coordination.
+        self._gate = threading.Lock()
+        """Held around every use of the database (the flush thread's, start()'s, the exit hook's): a
+        fork waits for it, so that none is under way when the child is made (``inspector.forks``)."""
         self._wake = threading.Event()
         self._done = threading.Condition()
         self._flush_requested = 0
@@ -208,11 +227,16 @@ class Recorder:
         """
         if self._thread is not None:
             return self
-        self._flusher.first_attempt(time.time())
+        with self._gate:
+            self._flusher.first_attempt(time.time())
+        self._start_thread()
+        atexit.register(self.close)
+        self._cancel_finalizer = forks.on_exit(self.close)
+        return self
+
+    def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._flush_loop, name="graph-inspector-recorder", daemon=True)
         self._thread.start()
-        atexit.register(self.close)
-        return self
 
     def flush(self, timeout: float | None = None) -> bool:
         """Write everything seen so far now; True once it is committed, False on timeout."""
@@ -236,6 +260,8 @@ class Recorder:
             return
         self._closed = True
         atexit.unregister(self.close)
+        self._cancel_finalizer()
+        self._cancel_finalizer = forks.on_exit(self.record_late_losses)
         thread = self._thread
         if thread is None:
             return
@@ -294,7 +320,8 @@ class Recorder:
         with self._done:
             self._flush_completed = self._flush_requested
             self._done.notify_all()
-        self._flusher.dispose()
+        with self._gate:
+            self._flusher.dispose()
 
     def _flush_until_closed(self) -> None:
         next_window = time.monotonic() + self.flush_interval
@@ -316,7 +343,9 @@ class Recorder:
             window_due = now >= next_window or requested > self._flush_completed
             if not (window_due or flusher.pending):
                 continue
-            if flusher.flush_once(include_traffic=window_due, ended=False):
+            with self._gate:
+                committed = flusher.flush_once(include_traffic=window_due, ended=False)
+            if committed:
                 with self._done:
                     self._flush_completed = max(self._flush_completed, requested)
                     self._done.notify_all()
@@ -331,14 +360,16 @@ class Recorder:
         while True:
             with flusher.custody.held():
                 flusher.drain_queues()
-            if committed := flusher.flush_once(include_traffic=True, ended=True):
+            with self._gate:
+                committed = flusher.flush_once(include_traffic=True, ended=True)
+            if committed:
                 break
             if flusher.outage.refused or time.monotonic() >= deadline:
                 with flusher.custody.held():
                     flusher.drop_everything()
                 break
             time.sleep(max(0.0, min(flusher.outage.retry_at, deadline) - time.monotonic()))
-        with flusher.custody.held():
+        with self._gate, flusher.custody.held():
             self._finished = True
             flusher.settle(self.losses, "lost at close()", try_database=committed)
 
@@ -346,11 +377,68 @@ class Recorder:
         """After close(): what the engine reported since is lost; count it in the run's row, or
         where ``inspector.recording.losses`` says. The exit hook calls this for every closed recorder."""
         if self._finished:
-            self._flusher.settle(self.losses, "reported after close()", try_database=True)
-            self._flusher.dispose()
+            with self._gate:
+                self._flusher.settle(self.losses, self._late_why, try_database=True)
+                self._flusher.dispose()
+
+    # ------------------------------------------------------------------ across a fork (inspector.forks)
+
+    def hold_for_fork(self, timeout: float) -> bool:
+        """Before a fork: wait (``timeout`` seconds at most) for a use of the database under way to
+        end, and keep the next from starting until ``release_after_fork``. False when it did not end."""
+        return self._gate.acquire(timeout=timeout)
+
+    def release_after_fork(self) -> None:
+        self._gate.release()
+
+    def carry_into_child(self, parent: int, *, quiesced: bool) -> None:
+        """In a process just forked from ``parent`` (where this recorder's thread is not, and its
+        connections are the parent's), make the recorder this process's. ``quiesced``: no use of the
+        database was under way at the fork (``hold_for_fork`` held it)."""
+        started, old = self._thread is not None, self._flusher
+        recording = started and not self._closed
+        label, config, rank, world_size, device, job, step_sequence = self._asked
+        if not started and not self._closed:  # it may yet start here, as this process's recorder
+            self._begin(describe_process(label, config, rank, world_size, device, job), step_sequence)
+            return
+        # A child is not the rank or the job its parent is; its run counts from the fork.
+        since = ({key: cell[0] for key, cell in self._replays.items()},
+                 {key: cell[0] for key, cell in self._eager.items()})
+        self._begin(describe_process(label, config, None, None, device, ""), False, since)
+        if quiesced:
+            old.let_go_after_fork()
+        else:  # a connection in use at the fork may hold its driver's locks: never touched again
+            _left_in_parent.append(old)
+        forks.once_started(self, Recorder._on_exit_of_child)
+        # Without quiet, a SQLite file cannot be used here: SQLite's record of its locks in this
+        # process lists the parent's connection, which cannot be closed (its lock is held for ever).
+        if recording and (quiesced or sqlite_file(self.url) is None):
+            self._start_thread()
+            return
+        self._closed = self._finished = True
+        if recording:
+            self._late_why = (f"reported in process {self.info.pid}, forked from {parent} while this "
+                              "recorder was writing to its database")
+            log.error("graph-inspector recorder: process %d was forked from %d while a recorder was writing "
+                      "to %s; it records nothing in this process, and what is reported to it here is counted "
+                      "as lost: start a Recorder in the child", self.info.pid, parent, self.url)
+        else:
+            self._late_why = f"reported after close(), in process {self.info.pid} forked from {parent}"
+        _closed_recorders.add(self)
+
+    def _on_exit_of_child(self) -> None:
+        self._cancel_finalizer = forks.on_exit(self.record_late_losses if self._closed else self.close)
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a Recorder records the process that started it and cannot be pickled into another: start one "
+            "in the spawned process (a forked child carries its parent's recorders over)"
+        )
 
 
 _closed_recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
+_left_in_parent: list[Flusher] = []
+"""In a forked child: the flushers of recorders forked mid-write, whose connections stay untouched."""
 
 
 @atexit.register

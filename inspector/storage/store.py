@@ -216,6 +216,16 @@ class Store:
         """``with open_store(url) as store:`` disposes of its engine however the block ends."""
         self.dispose()
 
+    def let_go_after_fork(self) -> None:
+        """In a forked child, with none of the parent's connections in use: let go of them. A SQLite
+        file's are closed: SQLite keeps one record per process of a file's locks, and the copy a child
+        inherits says the parent's locks are its own, so a connection the child opens would take no
+        lock of its own (the parent's last close then deletes the write-ahead log under it) or wait
+        for ever on a write lock the parent held; closing the copies clears that record and touches
+        nothing of the parent's. Any other database's are dropped unclosed: closing would end the
+        parent's session on the socket they share."""
+        self.engine.dispose(close=self.is_sqlite)
+
 
 def open_store(
     url: str | None = None, upgrade: bool = True, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS
