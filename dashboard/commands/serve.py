@@ -27,8 +27,9 @@ TOKEN_ENV = "GRAPH_INSPECTOR_TOKEN"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
 PRUNE_EVERY = "10m"
-STOP_GRACE_S = 5.0
-"""How long a stop waits for the answers in flight: inside Docker's 10 s and Kubernetes' 30 s."""
+STOP_GRACE_S = 8.0
+"""How long a stop waits for the answers in flight: inside the 10 s Docker waits before SIGKILL
+(Kubernetes waits 30 s, systemd 90 s)."""
 
 
 def run(args: argparse.Namespace) -> int:
