@@ -438,6 +438,38 @@ def base_parser(description: str, *, default_out: str, default_budget_s: float) 
     return parser
 
 
+def before_after_parser(description: str, *, runs: str, quick: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that measures another checkout too (the before figures): --out,
+    --repeats, --code DIR (the checkout whose ``runs`` is run; default this one) and --quick."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every scenario (default 3)")
+    parser.add_argument("--code", type=Path, default=REPO_ROOT,
+                        help=f"the checkout whose {runs} is run (default: this one)")
+    parser.add_argument("--quick", action="store_true", help=quick)
+    return parser
+
+
+def write_before_after(args: argparse.Namespace, benchmark: str, config: Mapping[str, Any], results: Any,
+                       targets: Sequence[Mapping[str, Any]]) -> int:
+    """Write a ``before_after_parser`` benchmark's JSON, say where, and return its exit status (1 when
+    a target was missed)."""
+    code = args.code.resolve()
+    write_results(args.out, benchmark=benchmark, command=command_line(), device=torch.device("cpu"),
+                  config={**config, "repeats": args.repeats, "quick": args.quick, "code": str(code),
+                          "code_commit": checkout_commit(code)},
+                  results=results, targets=targets,
+                  notes=["figures from --quick are a smoke run"] if args.quick else [])
+    print(f"\nwrote {args.out}")
+    return 0 if all(t["met"] is not False for t in targets) else 1
+
+
+def checkout_commit(folder: Path) -> str:
+    done = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True)
+    return done.stdout.strip() or "unknown"
+
+
 def command_line() -> str:
     """The command that produced a result, as a user would retype it."""
     script = Path(sys.argv[0])

@@ -23,7 +23,6 @@ checkout (the accounting stays this one's, and upgrades a copy of each database 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -41,10 +40,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch
 from sqlalchemy import create_engine, func, select
 
-from bench.common import command_line, print_table, print_targets, target, write_results
+from bench.common import before_after_parser, print_table, print_targets, target, write_before_after
 from inspector.recording.losses import Sidecar, run_losses
 from inspector.storage import models
 from inspector.storage.sqlite_file import quick_check
@@ -351,12 +349,6 @@ def _corrupt(path: Path) -> None:
         f.write(b"\xde\xad\xbe\xef" * 64)
 
 
-def _commit(folder: Path) -> str:
-    done = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True)
-    return done.stdout.strip() or "unknown"
-
-
 def _digest(path: Path) -> str:
     import hashlib
 
@@ -364,15 +356,10 @@ def _digest(path: Path) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser = before_after_parser(__doc__.splitlines()[0], runs="recorder",
+                                 quick="4 writers, 3 kills, one repeat: a smoke run")
     parser.add_argument("--writers", type=int, default=16)
     parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="runs of every scenario (default 3); the worst is reported, all are recorded")
-    parser.add_argument("--quick", action="store_true", help="4 writers, 3 kills, one repeat: a smoke run")
-    parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose recorder the recording "
-                        "processes run (default: this one)")
     args = parser.parse_args()
     code = args.code.resolve()
     if args.quick:
@@ -422,14 +409,8 @@ def main() -> int:
                   f"every committed event there after {result['committed_events_all_kept']} of "
                   f"{result['kills']} ({result['committed_events_lost']} lost)")
     print_targets(targets)
-    write_results(args.out, benchmark="reliability", command=command_line(), device=torch.device("cpu"),
-                  config={"writers": args.writers, "kills": args.kills, "repeats": args.repeats,
-                          "quick": args.quick, "root": os.geteuid() == 0, "code": str(code),
-                          "code_commit": _commit(code)},
-                  results=results, targets=targets,
-                  notes=["figures from --quick are a smoke run"] if args.quick else [])
-    print(f"\nwrote {args.out}")
-    return 0 if all(t["met"] is not False for t in targets) else 1
+    return write_before_after(args, "reliability", {"writers": args.writers, "kills": args.kills,
+                                                    "root": os.geteuid() == 0}, results, targets)
 
 
 if __name__ == "__main__":
