@@ -33,7 +33,9 @@ def what_shadows(error: ImportError) -> str:
 
 
 try:
-    importlib.import_module(PLUGIN)
+    # The plugin's package, not the plugin: pytest imports that itself (to rewrite its asserts), and
+    # warns of a plugin module imported before it.
+    importlib.import_module(PLUGIN.rpartition(".")[0])
 except ImportError as error:
     WHY_OFF = what_shadows(error)
 

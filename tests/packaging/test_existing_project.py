@@ -81,3 +81,13 @@ def test_a_project_with_its_own_inspector_package_runs_its_tests_told_the_plugin
     fixture = run_line(program, "python3 -m pytest -q tests", root)
     assert fixture.returncode == 1 and "1 passed, 1 error" in fixture.stdout  # the fixture fails its setup
     assert "graph-inspector: its pytest plugin is off in this run" in fixture.stdout
+
+
+def test_a_project_with_no_such_package_has_the_plugin_from_the_wheel_with_no_warning(
+    program: object, tmp_path: Path
+) -> None:
+    root = project(tmp_path, {"tests/test_graphs.py": python_block("def test_decode_replays_its_graphs")})
+    ran = run_line(program, "python3 -m pytest -q --graph-debug --graph-report graph-report.xml", root)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "1 passed in" in ran.stdout and "warning" not in ran.stdout, ran.stdout
+    assert "no graph violations in 1 test(s)" in (root / "graph-report.xml").read_text()

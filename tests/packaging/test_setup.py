@@ -3,7 +3,8 @@
 apt itself cannot run in a test, so a stand-in `apt-get` first in PATH answers as apt does while
 another apt holds its lock (apt's own message, exit 100) for as long as a file says the lock is
 held. The rest of what setup runs is stood in for too (pip through $PYTHON, npm), and `promtool`
-is left off PATH so that setup has a package to install.
+is left off PATH so that setup has a package to install. And the editable install setup makes
+loads the pytest plugin with no warning.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
+
+from tests.support.readme import python_block
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = ("bash", "dirname", "ls", "grep", "mktemp", "cat", "rm", "sleep", "sed", "env")
@@ -74,3 +78,33 @@ def test_setup_gives_up_on_a_lock_held_past_apt_lock_wait_with_apts_own_error(tm
     assert child.returncode == 100
     assert "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242" in err
     assert not calls.exists() and "setup done" not in out
+
+
+@pytest.mark.slow
+def test_the_editable_install_loads_the_pytest_plugin_without_a_warning(tmp_path: Path) -> None:
+    # What scripts/setup makes (pip install -e): the entry point's module imports only the plugin's
+    # package, so that pytest imports the plugin itself; imported early, pytest warned in every run
+    # that it could not rewrite the plugin's asserts. A copy of the checkout's tracked files installed
+    # editable into a venv over this interpreter's packages (its pip and setuptools; its own entry
+    # point first on the path).
+    copy = tmp_path / "checkout"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True)
+    for name in filter(None, tracked.stdout.split("\0")):
+        if (REPO / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, copy / name)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                   check=True)
+    python = str(venv / "bin" / "python")
+    installed = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                                "-e", str(copy)], capture_output=True, text=True, cwd=tmp_path)
+    assert installed.returncode == 0, installed.stderr
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_graphs.py").write_text(python_block("def test_decode_replays_its_graphs"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    ran = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--graph-debug", "tests"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "1 passed in" in ran.stdout and "warning" not in ran.stdout, ran.stdout
+    assert "address checks in DEBUG mode" in ran.stdout, "the plugin ran"
