@@ -38,6 +38,7 @@ from capture_core.sizes import EagerReason
 from inspector.errors import UsageError
 from inspector.reading.traffic import TrafficTotals, eager_totals, integer_sum, replay_totals, run_traffic
 from inspector.storage.models import EagerTotal, Graph, ReplayTotal, Run
+from inspector.storage.sqlite_file import not_a_file
 from inspector.storage.store import Store, open_store
 
 FORMAT = "graph-inspector baseline"
@@ -370,7 +371,9 @@ def read_baseline(spec: str, store: Store, run: int | None = None) -> Figures:
     _no_run(run, spec)
     path = Path(spec)
     if not path.is_file():
-        raise UsageError(f"--baseline {spec}: no such file; a baseline is a run id of --db, a database "
+        kind = not_a_file(path)
+        found = "no such file" if kind is None else f"{spec} is {kind}, not a baseline file"
+        raise UsageError(f"--baseline {spec}: {found}; a baseline is a run id of --db, a database "
                          "URL (sqlite:///path.db) or a file written by --save-baseline")
     return load_baseline(path)
 

@@ -278,6 +278,7 @@ PATH_COMMANDS = {
     "serve": ["serve", "--port", "0"], "serve --create": ["serve", "--create", "--port", "0"],
     "serve --get": ["serve", "--get", "/healthz"],
     "demo": ["demo", "--no-serve", "--backend", "eager", "--steps", "5"],
+    "watch": ["watch", "--", sys.executable, "-c", "pass"],
 }
 
 
@@ -288,7 +289,8 @@ def test_every_command_refuses_a_path_that_is_not_a_file_in_one_line_and_makes_n
     path = _not_a_file(tmp_path, kind)
     before = sorted(os.listdir(tmp_path))
     for name, command in PATH_COMMANDS.items():
-        assert main([*command, "--db", f"sqlite:///{path}"]) == 2, name
+        at = command.index("--") if "--" in command else len(command)  # watch's command follows '--'
+        assert main([*command[:at], "--db", f"sqlite:///{path}", *command[at:]]) == 2, name
         out, err = capsys.readouterr()
         lines = err.strip().splitlines()
         assert len(lines) == 1 and kind in lines[0] and "not a database file" in lines[0], (name, err)

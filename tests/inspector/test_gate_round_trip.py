@@ -146,6 +146,7 @@ def test_thresholds_from_a_file_and_flags_decide(baseline: tuple[str, Path], tmp
     ("args", "message"),
     [
         (["--baseline", "{tmp}/nothing.json"], "no such file"),
+        (["--baseline", "{tmp}"], "is a directory, not a baseline file"),
         (["--baseline", "{tmp}/garbage.json"], "is not a graph-inspector baseline"),
         (["--baseline", "{tmp}/future.json"], "newer than this graph-inspector reads"),
         (["--baseline", "sqlite:///{tmp}/none.db"], "no database at"),
