@@ -291,7 +291,14 @@ class CUDAGraphWrapper:
         return self._graphs.get(descriptor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        context = _FORWARD.context
+        return self.serve(_FORWARD.context, args, kwargs)
+
+    def serve(self, context: ForwardContext | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call under ``context``: the graph held for its descriptor replayed (checked as the
+        address-check mode says), captured or run eagerly; with no context, or another mode's, the
+        runnable runs. A call serves the current forward context; an engine integration that holds
+        its own context per call (the vLLM integration's hook) passes it here instead of making it
+        current around the call."""
         if context is None or context.mode is not self.runtime_mode:
             return self.runnable(*args, **kwargs)
         descriptor = context.descriptor
@@ -360,7 +367,7 @@ class CUDAGraphWrapper:
         runtime = self.runtime
         with runtime.capture_lock:
             if context.descriptor in self._graphs:  # another thread captured it while this one waited
-                return self(*args, **kwargs)
+                return self.serve(context, args, kwargs)
             decision = self.decision or runtime.admit_capture(
                 self.name, context.mode, context.descriptor, context.num_real_tokens
             )

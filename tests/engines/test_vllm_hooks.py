@@ -157,3 +157,20 @@ def test_a_reassigned_weight_and_a_late_descriptor_are_caught_at_their_step(atta
     late = rows(attached.db, "SELECT kind, wrapper FROM violations WHERE kind = 'unexpected_capture'")
     assert late and all(wrapper.startswith("vLLM PIECEWISE piece") for _, wrapper in late)
     assert rows(attached.db, "SELECT unexpected FROM graphs WHERE captured_size = 3") == [(1,)]
+
+
+def test_the_host_cost_benchmark_records_every_step_and_no_violation(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "host_cost.json"
+    script = Path(__file__).resolve().parents[2] / "bench" / "vllm_host_cost.py"
+    done = subprocess.run([sys.executable, str(script), "--steps", "40", "--rounds", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "a piece call" in done.stdout
+    result = json.loads(out.read_text())["results"]
+    assert result["violations"] == 0
+    assert result["recorded_replays"] == 4 + 40 * 3  # the capture phase's 4 sizes, the warm-up, 2 rounds
+    assert len(result["rounds"]["on"]) == len(result["rounds"]["off"]) == 2

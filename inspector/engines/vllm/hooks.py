@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from capture_core.forward_context import CURRENT
 from inspector.engines.vllm.session import VllmSession
 from inspector.engines.vllm.twins import PoolMeter
 
@@ -131,12 +130,7 @@ def _hook_wrapper(current: VllmSession, wrapper_cls: Any, cuda_graph: Any) -> No
             if mode == NONE or mode != self.runtime_mode or forward.batch_descriptor is None:
                 return vllm_call(self, *args, **kwargs)
             twin = self.__dict__.get("_graph_inspector_twin") or current.twin(self)
-            outer = CURRENT.context
-            CURRENT.context = current.context(forward)
-            try:
-                return twin(*args, **kwargs)
-            finally:
-                CURRENT.context = outer
+            return twin.serve(current.context(forward), args, kwargs)
         return __call__
 
     def make_clear(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -245,12 +239,7 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
             twin = current.full_twin
             if twin is None or current.runtime is None:
                 return original(self, desc)
-            outer = CURRENT.context
-            CURRENT.context = current.full_context(desc)
-            try:
-                return twin(**_full_inputs(current.runner))
-            finally:
-                CURRENT.context = outer
+            return twin.serve(current.full_context(desc), (), _full_inputs(current.runner))
         return run_fullgraph
 
     _wrap(runner_cls, "__init__", make_init)

@@ -32,17 +32,20 @@ VllmCall = Callable[..., Any]
 
 
 class EngineGraph:
-    """A graph vLLM holds: replaying it is calling vLLM (``replay`` runs vLLM's replay path)."""
+    """A graph vLLM holds: running it is calling vLLM's own method on its owner with the call's
+    arguments (``arguments=False``: with none of them, as ``run_fullgraph(manager, execution)``)."""
 
     outputs = None
     capture_seconds = 0.0
     pool_bytes = 0
 
-    def __init__(self, replay: Callable[[Sequence[Any], Mapping[str, Any]], Any]) -> None:
-        self._replay = replay
+    def __init__(self, call: VllmCall, owner: Any, *fixed: Any, arguments: bool = True) -> None:
+        self.call, self.owner, self.fixed, self.arguments = call, owner, fixed, arguments
 
     def run(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-        return self._replay(args, kwargs)
+        if self.arguments:
+            return self.call(self.owner, *args, **kwargs)
+        return self.call(self.owner, *self.fixed)
 
     def replay(self) -> None:
         raise GraphCacheError("a vLLM graph is replayed through vLLM (run), never on its own")
@@ -85,8 +88,7 @@ class WrapperSource:
         started = time.perf_counter()
         outputs = self.vllm_call(self.vllm_wrapper, *call.args, **call.kwargs)
         seconds = time.perf_counter() - started
-        vw, vllm_call = self.vllm_wrapper, self.vllm_call
-        graph = EngineGraph(lambda args, kwargs: vllm_call(vw, *args, **kwargs))
+        graph = EngineGraph(self.vllm_call, self.vllm_wrapper)
         context = call.context
         entry = EngineEntry(
             context.descriptor, context.mode, graph, layout, seconds, meter.grown(), unexpected
@@ -134,5 +136,5 @@ def manager_entry(
 ) -> EngineEntry:
     """The entry of one FULL graph the V2 runner's manager captured, on the inputs it reads."""
     layout = InputLayout.record(ParameterNames(), (), dict(inputs))
-    graph = EngineGraph(lambda args, kwargs: run_fullgraph(manager, execution))
+    graph = EngineGraph(run_fullgraph, manager, execution, arguments=False)
     return EngineEntry(descriptor, CUDAGraphMode.FULL, graph, layout, capture_seconds, pool_bytes, unexpected)

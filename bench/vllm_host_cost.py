@@ -1,0 +1,210 @@
+"""The vLLM integration's host cost per step, on a CPU, with vLLM 0.25's own classes.
+
+What the integration adds to a vLLM step is host work: the step's decision recorded, and on every
+graph call the hook on vLLM's ``CUDAGraphWrapper.__call__``, the twin's lookup and replay guard, and
+the call on to vLLM. This measures that work alone, side by side in one process:
+
+* **off**: vLLM's wrappers called as vLLM calls them, with no hook installed;
+* **on**: the same calls with the integration installed (recording into a real SQLite file, its
+  flush thread running), the step's decision recorded as vLLM's runner hook records it.
+
+vLLM's ``CUDAGraphWrapper`` objects, its ``ForwardContext`` and ``BatchDescriptor`` are the real
+ones; the body of vLLM's ``__call__`` (its ``torch.cuda.graph`` replay, which needs a GPU) is stood
+in for in both arms by the same function: find the graph entry for the descriptor and hand back its
+static output, the host work vLLM's own replay path does besides ``graph.replay()``. A step is one
+PIECEWISE forward: ``--pieces`` pieces of ``--inputs`` positional inputs each (the hidden states and
+the weights torch.compile lifts into each piece), as vLLM's piecewise backend calls them.
+
+Rounds alternate off and on (``--rounds``, each ``--steps`` steps after a warm-up); the figures are
+the medians of the per-round microseconds per step and their difference. Needs vLLM importable
+(``pip install vllm==0.25.1 --no-deps`` and its Python dependencies suffice: no GPU is used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+TREE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TREE))
+
+from bench.common import command_line, write_results  # noqa: E402
+
+SIZES = (8, 16, 32, 64)
+
+
+class Piece:
+    """A compiled piece as vLLM's piecewise backend presents it: its index among the pieces, its
+    inputs (the hidden states, then weights), one static output."""
+
+    def __init__(self, index: int, total: int, width: int) -> None:
+        self.piecewise_compile_index, self.total_piecewise_compiles = index, total
+        self.out = torch.zeros(max(SIZES), width)
+
+    def __call__(self, x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        return self.out[: x.shape[0]]
+
+
+def replay_body(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
+    """Stands in for the body of vLLM's ``CUDAGraphWrapper.__call__`` (both arms): the forward
+    context read, the entry found by descriptor, its output handed back (the first call 'captures')."""
+    from vllm.forward_context import get_forward_context
+
+    forward = get_forward_context()
+    entries = wrapper.concrete_cudagraph_entries
+    entry = entries.get(forward.batch_descriptor)
+    if entry is None:
+        entry = entries[forward.batch_descriptor] = wrapper.runnable(*args, **kwargs)
+    return entry
+
+
+def build(pieces: int, inputs: int, width: int) -> tuple[list[Any], torch.nn.Module, list[torch.Tensor]]:
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config import CUDAGraphMode
+
+    model = torch.nn.Module()
+    layers = pieces * (inputs - 1)
+    model.layers = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(layers))
+    weights = [layer.weight for layer in model.layers]
+    wrappers = []
+    for index in range(pieces):
+        wrapper = object.__new__(CUDAGraphWrapper)  # vLLM's own class; __init__ asks for a CUDA platform
+        wrapper.__dict__.update(runnable=Piece(index, pieces, width), runtime_mode=CUDAGraphMode.PIECEWISE,
+                                graph_pool=None, concrete_cudagraph_entries={})
+        wrappers.append(wrapper)
+    return wrappers, model, weights
+
+
+def config(model: torch.nn.Module) -> SimpleNamespace:
+    from vllm.config import CUDAGraphMode
+
+    return SimpleNamespace(
+        vllm_config=SimpleNamespace(
+            compilation_config=SimpleNamespace(
+                cudagraph_mode=CUDAGraphMode.PIECEWISE, cudagraph_capture_sizes=list(SIZES),
+                max_cudagraph_capture_size=max(SIZES), cudagraph_num_of_warmups=1, mode=3),
+            scheduler_config=SimpleNamespace(max_num_seqs=max(SIZES), max_num_batched_tokens=256,
+                                             enable_chunked_prefill=True),
+            cache_config=SimpleNamespace(enable_prefix_caching=True, gpu_memory_utilization=0.1,
+                                         kv_cache_memory_bytes=None),
+            model_config=SimpleNamespace(model="host-cost", dtype="float32", max_model_len=256),
+            parallel_config=SimpleNamespace(rank=0, world_size=1)),
+        device="cpu", model=model)
+
+
+def steps(wrappers: list[Any], x: torch.Tensor, weights: list[torch.Tensor], pieces: int, count: int,
+          on: Any) -> float:
+    """Seconds for ``count`` PIECEWISE forwards cycling through the sizes (``on``: the session, whose
+    step is recorded and whose hooked ``__call__`` runs; None: vLLM's body called directly)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
+
+    per_piece = len(weights) // pieces
+    args = [[None, *weights[i * per_piece:(i + 1) * per_piece]] for i in range(pieces)]
+    descriptors = [BatchDescriptor(num_tokens=size) for size in SIZES]
+    mode = CUDAGraphMode.PIECEWISE
+    started = time.perf_counter()
+    for step in range(count):
+        descriptor = descriptors[step % len(descriptors)]
+        if on is not None:
+            on.step(mode, descriptor, descriptor.num_tokens - 1, False)
+        context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={},
+                                 cudagraph_runtime_mode=mode, batch_descriptor=descriptor)
+        with override_forward_context(context):
+            y = x[: descriptor.num_tokens]
+            for wrapper, piece_args in zip(wrappers, args, strict=True):
+                piece_args[0] = y
+                y = wrapper(*piece_args) if on is not None else replay_body(wrapper, *piece_args)
+    return time.perf_counter() - started
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from inspector.engines.vllm import ENV, hooks, register
+
+    torch.set_num_threads(1)
+    wrappers, model, weights = build(args.pieces, args.inputs, args.width)
+    x = torch.zeros(max(SIZES), args.width)  # the hidden states' static buffer, as vLLM's
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "host_cost.db"
+        os.environ[ENV] = f"sqlite:///{db}"
+        register()
+        session = hooks.session()
+        assert session is not None
+        session.vllm_call = replay_body
+        try:
+            session.attach(config(model), "V1")
+            steps(wrappers, x, weights, args.pieces, len(SIZES), session)  # the capture phase: every size
+            session.capture_finished()
+            steps(wrappers, x, weights, args.pieces, args.steps, session)  # warm-up
+            steps(wrappers, x, weights, args.pieces, args.steps, None)
+            off, on = [], []
+            for _ in range(args.rounds):
+                off.append(steps(wrappers, x, weights, args.pieces, args.steps, None) / args.steps * 1e6)
+                on.append(steps(wrappers, x, weights, args.pieces, args.steps, session) / args.steps * 1e6)
+        finally:
+            hooks.uninstall()
+        with sqlite3.connect(db) as conn:
+            violations = conn.execute("SELECT COUNT(*) FROM violations").fetchone()[0]
+            replays = conn.execute("SELECT COALESCE(SUM(replays), 0) FROM replay_totals").fetchone()[0]
+    added = statistics.median(b - a for a, b in zip(off, on, strict=True))
+    result = {
+        "tree": str(TREE), "off_us_per_step": statistics.median(off), "on_us_per_step": statistics.median(on),
+        "added_us_per_step": added,
+        "added_us_per_piece_call": added / args.pieces,
+        "rounds": {"off": off, "on": on}, "violations": violations, "recorded_replays": replays,
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="measure the integration of another checkout of the project (its inspector and "
+                             "capture_core; default: this one), for a before and after")
+    parser.add_argument("--pieces", type=int, default=5, help="pieces per forward (default 5: vLLM's Llama)")
+    parser.add_argument("--inputs", type=int, default=10, help="positional inputs per piece (default 10)")
+    parser.add_argument("--width", type=int, default=16, help="hidden width of the stand-in tensors")
+    parser.add_argument("--steps", type=int, default=2000, help="steps per round (default 2000)")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating off/on rounds (default 7)")
+    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    args = parser.parse_args(argv)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("vllm_host_cost: vLLM is not importable here (pip install vllm==0.25.1 --no-deps)",
+              file=sys.stderr)
+        return 2
+    if args.tree is not None:
+        if not (args.tree / "inspector" / "engines" / "vllm").is_dir():
+            print(f"vllm_host_cost: {args.tree} holds no vLLM integration (inspector/engines/vllm)",
+                  file=sys.stderr)
+            return 2
+        global TREE
+        TREE = args.tree.resolve()
+        sys.path.insert(0, str(TREE))
+    result = run(args)
+    print(f"vLLM host cost per PIECEWISE step ({args.pieces} pieces x {args.inputs} inputs), "
+          f"median of {args.rounds} alternating rounds of {args.steps} steps:")
+    print(f"  {TREE}: off {result['off_us_per_step']:.1f} us   on {result['on_us_per_step']:.1f} us   "
+          f"added {result['added_us_per_step']:.1f} us "
+          f"({result['added_us_per_piece_call']:.1f} us a piece call)")
+    if args.out is not None:
+        config = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+        write_results(args.out, benchmark="vllm_host_cost", command=command_line(),
+                      device=torch.device("cpu"), config=config, results=result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
