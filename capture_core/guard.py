@@ -173,6 +173,8 @@ class ReplayChecks:
         terms = per_step.guard_terms() if per_step is not None else []
         versions = [(bind(tensor), bind(cell)) for tensor, cell in terms]
         rows = per_step.rows if per_step is not None else None
+        if per_step is not None:  # no comparison of the group still on its way back from the device
+            same.append(f"{bind(per_step.group.waiting)}[0] is None")
         if rows is not None:  # the newest row status: this size, and no padding row that held a token
             same.append(f"(top := {bind(rows.entries)}[-1])[0] == {per_step.size} and real >= top[1]")
         countdown = bind(self.countdown)

@@ -21,7 +21,7 @@ the second could not know what the first's replays left in them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -65,8 +65,17 @@ class StepGroup:
     """True once an input of the group changed without its version counter moving: it is written by
     something torch does not see (a kernel, a numpy view, ``.data``), and an unchanged input may be
     one rewritten with equal values."""
-    pending: Comparison | None = None
-    """A comparison whose result is still on its way back from the device."""
+    waiting: list[Comparison | None] = field(default_factory=lambda: [None])
+    """The comparison whose result is still on its way back from the device (a one-element list: the
+    replay guard of every graph of the group says no while it is there, so the next replay reads it)."""
+
+    @property
+    def pending(self) -> Comparison | None:
+        return self.waiting[0]
+
+    @pending.setter
+    def pending(self, comparison: Comparison | None) -> None:
+        self.waiting[0] = comparison
 
 
 Report = Callable[[str, Any, Any, Sequence[Any]], None]

@@ -140,17 +140,42 @@ class PerStepInputs:
             if self.rows is not None:
                 self.rows.record(self.size, real)
             return []
-        lazy = not debug and self.inputs[0].tensor.device.type == "cuda"
-        comparison = Comparison(self, moved, skip, candidates, real, replay, lazy)
-        if lazy:
+        deferred = not debug and defers(self.inputs[0].tensor.device)
+        comparison = Comparison(self, moved, skip, candidates, real, replay, deferred)
+        if deferred:
             group.pending = comparison
             return []
         return comparison.decide()
 
 
+def defers(device: torch.device) -> bool:
+    """Whether a comparison made on ``device`` is read back later, without a sync (on CUDA)."""
+    return device.type == "cuda"
+
+
+class Readback:
+    """A comparison's result on its way to the host: on CUDA copied to pinned memory behind an event
+    (no sync), read when ``values()`` is asked for (waiting for the device only if it is not done)."""
+
+    def __init__(self, bits: torch.Tensor) -> None:
+        self.event: Any = None
+        if bits.is_cuda:
+            self.host = torch.empty(bits.shape, dtype=bits.dtype, pin_memory=True)
+            self.host.copy_(bits, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = bits
+
+    def values(self) -> list[bool]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
 class Comparison:
     """One replay's comparison of its per-step inputs with their shadows (the previous replay's
-    values): made on the device, read back at once or later (``lazy``: without a sync)."""
+    values): made on the device, read back at once or later (``deferred``: without a sync)."""
 
     def __init__(
         self,
@@ -160,7 +185,7 @@ class Comparison:
         candidates: list[int],
         real: int,
         replay: int,
-        lazy: bool,
+        deferred: bool,
     ) -> None:
         self.step, self.moved, self.skip, self.candidates, self.real = step, moved, skip, candidates, real
         self.replay = replay
@@ -170,12 +195,9 @@ class Comparison:
             bits = self._bits()
         self.entry: Entry | None = None
         self.values: list[bool] | None = None
-        self.event: Any = None
-        if lazy:
-            self.host = torch.empty(bits.shape, dtype=bits.dtype, pin_memory=True)
-            self.host.copy_(bits, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
+        self.readback: Readback | None = None
+        if deferred:
+            self.readback = Readback(bits)
             if step.rows is not None:  # the candidates count as real until the values are back
                 self.entry = step.rows.record(step.size, real, candidates)
         else:
@@ -195,12 +217,12 @@ class Comparison:
         return torch.cat(parts)
 
     def settle(self) -> None:
-        """Read a lazy comparison back (waiting for the device if it is not done) and report it."""
+        """Read a deferred comparison back (waiting for the device if it is not done) and report it."""
         step = self.step
         if step.group.pending is self:
             step.group.pending = None
-        self.event.synchronize()
-        self.values = self.host.tolist()
+        assert self.readback is not None
+        self.values = self.readback.values()
         findings = self.decide()
         if findings:
             step.report(findings)
@@ -214,7 +236,7 @@ class Comparison:
         if any(changed[i] and not self.moved[i] for i in self.compared):
             step.group.foreign = True
         stale_rows = self._unchanged_rows(values[len(self.compared):])
-        late = self.event is not None
+        late = self.readback is not None
         if step.rows is not None:
             if self.entry is None:
                 step.rows.record(step.size, self.real, stale_rows)

@@ -310,3 +310,23 @@ def test_cuda_graphs_under_inference_mode_find_a_stale_step(mode, observer) -> N
                 wrapper(ids, slots, table)
                 settled(wrapper)
     assert kinds(observer) == [(ViolationKind.STALE_INPUT, "ids"), (ViolationKind.STALE_INPUT, "slots")]
+
+
+def test_a_comparison_read_back_later_is_reported_at_the_group_s_next_replay(monkeypatch, observer) -> None:
+    """On CUDA an always-on comparison is read back without a sync, at the group's next replay: the
+    same path on the CPU here (``defers``), a stale step, then stale padding, each reported late."""
+    monkeypatch.setattr("capture_core.stale.defers", lambda device: True)
+    wrapper, ids, slots, table = pair_graph(observer)
+    step(wrapper, ids, slots, table, 8)
+    with set_forward_context(FULL, BatchDescriptor(8)):
+        wrapper(ids, slots, table)  # forgot this step's writes: the comparison is on its way
+    assert observer.violations == []
+    step(wrapper, ids, slots, table, 8)  # written: its guard would wave it through, but one is waiting
+    assert kinds(observer) == [(ViolationKind.STALE_INPUT, "ids"), (ViolationKind.STALE_INPUT, "slots")]
+    assert "(replay 2 of this graph, read back at its group's next replay)" in observer.violations[0].message
+    step(wrapper, ids, slots, table, 5, pad=False)  # rows 5..7 still hold the last step's tokens
+    step(wrapper, ids, slots, table, 5)  # padded now: reads the last one back, and nothing is wrong with it
+    assert len(observer.violations) == 4 and "padding rows 5..7" in observer.violations[2].message
+    step(wrapper, ids, slots, table, 5, pad=False)  # was padding at the last replay: nothing to rewrite
+    wrapper.runtime.settle_checks()
+    assert len(observer.violations) == 4
