@@ -6,11 +6,16 @@ kv_cache; the reference decoder's parameters and buffers), and on the inputs oth
 ``kv_caches`` list of 32 and 80 layers; an attention-metadata dataclass and a dict):
 
 * the replay guard that runs on every always-on replay, built up check by check: the identity of
-  every tensor input (addresses, layouts, nested inputs), then the module-state registration count,
-  then the per-step inputs' version counters (stale inputs);
+  every tensor input (with each captured object's address, its shape and strides when its counter
+  moved; nested inputs), then the module state (the registration count and every parameter's and
+  buffer's address), then the per-step inputs (version counters, padding rows, the comparison
+  waiting); and, for a call that passes Python values, the baked values (arguments and module
+  attributes compared);
 * the closer looks the guard hands over to: a fresh view at the captured address (shallow), a
   sampled replay's deep checks (inputs re-read, parameters and buffers re-read), the module walk
-  after a registration;
+  after a registration, and the per-step inputs compared with their shadows (what a replay pays
+  when a counter did not move: a writer torch does not see; on CUDA the comparison's ops and its
+  read-back, at the next replay);
 * one wrapper call with the replay stubbed, checks OFF against ALWAYS_ON: the checks as a step pays.
 
 Nanoseconds per call: the median over bursts of back-to-back calls, every variant of a table
@@ -37,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from bench.common import command_line, print_table, resolve_device, write_results
+from capture_core.baked import BakedValues
 from capture_core.canary import Sampling
 from capture_core.checks import AddressCheckMode, ParameterNames
 from capture_core.forward_context import ForwardContext, use_forward_context
@@ -84,6 +90,18 @@ class AttentionMetadata:
 
 def metadata_step(input_ids, positions, metadata, *, extras):
     """Stands for a model called with nested inputs."""
+
+
+class Sampler(torch.nn.Module):
+    """Stands for a model called with Python values (a temperature, a flag, a top-k) that reads three
+    plain attributes of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scaling, self.adapter, self.greedy_default = 1.0, "base", False
+
+    def forward(self, x, temperature, greedy, *, top_k, bias):
+        return x / temperature + bias
 
 
 def guard_of(layout: InputLayout, **parts: Any) -> Callable[[tuple[Any, ...], dict[str, Any], int], bool]:
@@ -151,9 +169,21 @@ def measure(device: torch.device, calls: int, repeats: int) -> list[dict[str, An
     tables.add("replay guard, runner graph", {
         stores: (0, written),
         "addresses + layouts (identity of every tensor input)": (4, after_write(addresses)),
-        "+ module state (registration count)": (4, after_write(with_state)),
-        "+ stale inputs (3 version counters): the runner's": (4, after_write(everything)),
+        "+ module state (registration count, every parameter's address)": (4, after_write(with_state)),
+        "+ stale inputs (3 version counters, padding rows): the runner's": (4, after_write(everything)),
     }, base=stores)
+
+    module = Sampler().to(device)
+    call_args = (torch.ones(8, device=device), 0.7, False)
+    call_kwargs: dict[str, Any] = {"top_k": 5, "bias": torch.zeros(8, device=device)}
+    names = ParameterNames.of(module)
+    sampler_layout = InputLayout.record(names, call_args, call_kwargs)
+    baked = BakedValues(names, (call_args, call_kwargs), module, ())
+    without, with_baked = guard_of(sampler_layout), guard_of(sampler_layout, baked=baked)
+    tables.add("baked values (3 Python arguments, 3 module attributes)", {
+        "replay guard, tensor inputs only": (2, lambda: without(call_args, call_kwargs, 8)),
+        "replay guard with the baked values": (2, lambda: with_baked(call_args, call_kwargs, 8)),
+    })
 
     for layers in (32, 80):
         layer_args = (*args[:3], [torch.zeros(4, device=device) for _ in range(layers)])
@@ -190,7 +220,11 @@ def measure(device: torch.device, calls: int, repeats: int) -> list[dict[str, An
         "one whole inspect (inputs, state, stale)": (
             4, lambda: (written_runner(), inspect(args, kw, real, False))
         ),
+        "per-step inputs compared with their shadows (no counter moved)": (
+            3, lambda: checks.per_step.inspect(args, kw, real, False, 1)
+        ),
     })
+    runtime.settle_checks()
 
     graph = entry.graph
     real_replay = graph.replay

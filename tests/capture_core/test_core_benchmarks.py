@@ -46,7 +46,9 @@ def test_check_cost_times_every_check_over_the_runner_inputs(tmp_path):
     rows = {(r["section"], r["what"]): r for r in json.loads(out.read_text())["results"]}
     guard = "replay guard, runner graph"
     assert rows[(guard, "addresses + layouts (identity of every tensor input)")]["inputs"] == 4
-    assert (guard, "+ stale inputs (3 version counters): the runner's") in rows
+    assert (guard, "+ stale inputs (3 version counters, padding rows): the runner's") in rows
+    baked = "baked values (3 Python arguments, 3 module attributes)"
+    assert rows[(baked, "replay guard with the baked values")]["inputs"] == 2
     assert rows[("kv_caches list of 80 layers", "replay guard")]["inputs"] == 83
     assert rows[("nested inputs (a dataclass of 4 tensors, a dict of 2)", "replay guard")]["inputs"] == 8
     wrapper = "wrapper call, replay stubbed (runner graph)"
