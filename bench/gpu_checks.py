@@ -9,13 +9,18 @@ the clean traffic:
   every replay).
   Every violation would be a false alarm: the target is none. This part may spend 65% of the budget
   (the always-on runs three quarters of it); the others fit what is left.
-* The planted faults of the test suite (``tests/support/faults.py``: a fresh input, another layout, a
-  reassigned weight, a forgotten copy_, a baked Python scalar, a baked KV slot offset, a late second
-  model; on CUDA also a baked attribute and a baked ``.item()``) in a plain, a micro-batched and a
-  piecewise graph, always on with the default kind of schedule (the first replay sampled, then one
-  in ``--fault-every``): each fault is planted step after step until it is recorded; the figure is
-  after how many faulty steps (1 for what the guard sees, up to the schedule's gap for what only the
-  canary sees).
+* The planted faults of the test suite (``tests/support/faults.py``: a fresh input, another layout,
+  an input moved to other storage in place, a reassigned weight, a weight swapped under its
+  parameter, a forgotten copy_ (also under ``torch.inference_mode()``), padding rows not rewritten,
+  a changed Python scalar, KV slot offset and module attribute, a late second model; on CUDA also a
+  baked ``.item()``) in a plain, a micro-batched and a piecewise graph, always on with the default
+  kind of schedule (the first replay sampled, then one in ``--fault-every``): each fault is planted
+  step after step until it is recorded; the figure is after how many faulty steps (1 for what the
+  guard sees, and for a per-step comparison read back at the next step on CUDA; up to the
+  schedule's gap for what only the canary sees). Then the legitimate pattern beside each fault
+  (writes no version counter sees, padding rewritten, weights loaded with copy_, outputs cloned...)
+  and in-graph sampling (torch's generator) in each graph, both modes, every replay sampled: every
+  violation is a false alarm.
 * Sampled replays, on the ~60M-parameter reference decoder (bf16, a 5 GiB KV cache) at three
   buckets: the median step time of the decode runner when no replay is sampled, when every replay
   is sampled (the closer look: every input and every parameter and buffer re-read), and when every
@@ -66,7 +71,7 @@ from capture_core.reference import ModelConfig, ReferenceDecoder, flatten_reques
 from capture_core.runner import DecodeRunner
 from capture_core.runtime import GraphRuntime
 from capture_core.ubatch.slices import UBatchConfig
-from tests.support.faults import BAKED_ON_CUDA, FAULTS, KINDS, GraphUnderTest
+from tests.support.faults import BAKED_ON_CUDA, FAULTS, KINDS, LEGIT, GraphUnderTest, served
 
 RUNNERS = ("decode", "mixed piecewise", "micro-batched decode")
 
@@ -215,30 +220,35 @@ def clean_traffic(
 
 
 def planted_faults(device: torch.device, every: int) -> list[dict[str, Any]]:
-    """Each planted fault in each kind of graph, planted step after step until it is recorded."""
+    """Each planted fault in each kind of graph, planted step after step until it is recorded (a
+    comparison on its way back from the device is read at the next step, as it is when serving)."""
     backend = "cuda" if device.type == "cuda" else "eager"
-    faults = {name: (kind, where) for name, (kind, where, _) in FAULTS.items()}
+    faults = {name: (fault.kind, fault.name, fault.inference) for name, fault in FAULTS.items()
+              if not fault.debug_only}
     if backend == "cuda":  # host values only a real graph bakes in
-        faults.update(dict.fromkeys(BAKED_ON_CUDA, (ViolationKind.REPLAY_MISMATCH, "output")))
+        faults.update(dict.fromkeys(BAKED_ON_CUDA, (ViolationKind.REPLAY_MISMATCH, "output", False)))
     rows = []
     for graph_kind in KINDS:
-        for fault, (kind, where) in faults.items():
+        for fault, (kind, where, inference) in faults.items():
             observer = Tally()
             runtime = GraphRuntime(
                 backend, observer=observer, progress=False, warmup_iters=1 if backend == "eager" else 2,
                 address_check="always_on", unexpected_capture="eager", canary=True,
                 sampling=Sampling(first=1, every=every),
             )
-            under_test = GraphUnderTest.build(graph_kind, runtime, device=str(device))
-            for _ in range(2):  # clean steps: the first replay is sampled, the second is not
-                under_test.step()
-            clean = len(observer.violations)
-            faulty = 0
-            while len(observer.violations) == clean and faulty < 2 * every:
-                getattr(under_test, f"plant_{fault}")()
-                faulty += 1
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
+            with served(inference):
+                under_test = GraphUnderTest.build(graph_kind, runtime, device=str(device))
+                for _ in range(2):  # clean steps: the first replay is sampled, the second is not
+                    under_test.step()
+                under_test.settle()
+                clean = len(observer.violations)
+                faulty = 0
+                while len(observer.violations) == clean and faulty < 2 * every:
+                    getattr(under_test, f"plant_{fault}")()
+                    faulty += 1
+                    if device.type == "cuda" and len(observer.violations) == clean:
+                        under_test.step()  # the next step reads a comparison back from the device
+                        under_test.settle()
             found = observer.violations[clean] if len(observer.violations) > clean else None
             rows.append({
                 "graph": graph_kind, "fault": fault, "expected": kind.value, "expected_name": where,
@@ -246,6 +256,35 @@ def planted_faults(device: torch.device, every: int) -> list[dict[str, Any]]:
                 "faulty_steps": faulty, "false_alarms_before": clean,
                 "recorded": None if found is None else f"{found.kind.value} {found.input_name}",
             })
+    return rows
+
+
+def legitimate_patterns(device: torch.device) -> list[dict[str, Any]]:
+    """The legitimate pattern beside each fault (writes no version counter sees, padding rewritten,
+    weights loaded with copy_, outputs cloned, ...) and in-graph sampling (noise drawn from torch's
+    generator every step), in each kind of graph, in both modes, with every check and the canary on
+    every replay: every violation is a false alarm."""
+    backend = "cuda" if device.type == "cuda" else "eager"
+    patterns = [(legit, inference, None) for legit, inference in LEGIT] + [("steps", False, "torch")]
+    rows = []
+    for graph_kind in KINDS:
+        for legit, inference, noise in patterns:
+            for mode in ("always_on", "debug"):
+                observer = Tally()
+                runtime = GraphRuntime(
+                    backend, observer=observer, progress=False, warmup_iters=1 if backend == "eager" else 2,
+                    address_check=mode, canary=True, sampling=Sampling(first=0, every=1),
+                )
+                with served(inference):
+                    under_test = GraphUnderTest.build(graph_kind, runtime, device=str(device), noise=noise)
+                    getattr(under_test, legit)()
+                    under_test.settle()
+                label = "in-graph sampling" if noise else legit + (" (inference mode)" if inference else "")
+                rows.append({
+                    "graph": graph_kind, "pattern": label, "mode": mode, "replays": observer.replays,
+                    "violations": len(observer.violations),
+                    "first_violation": observer.violations[0].message if observer.violations else None,
+                })
     return rows
 
 
@@ -260,6 +299,7 @@ def run(args: Any) -> dict[str, Any]:
     every = 5 if args.quick else args.fault_every
     traffic = clean_traffic(device, replays, debug_replays, budget, seconds=0.65 * args.budget_s)
     faults = planted_faults(device, every)
+    legit = legitimate_patterns(device)
     sampled = sampled_step_cost(device, args.quick, budget)
     always_on = [r for r in traffic if r["mode"] == "always_on"]
     debug = [r for r in traffic if r["mode"] == "debug"]
@@ -268,6 +308,7 @@ def run(args: Any) -> dict[str, Any]:
         target("false alarms, clean always-on replays", sum(r["violations"] for r in always_on), 1),
         target("false alarms, clean debug replays", sum(r["violations"] for r in debug), 1),
         target("planted faults not caught as planted", sum(not r["caught"] for r in faults), 1),
+        target("false alarms, legitimate patterns", sum(r["violations"] for r in legit), 1),
         target(
             "clean always-on replays short of those wanted",
             sum(max(0, replays - r["replays"]) for r in always_on), 1,
@@ -289,7 +330,10 @@ def run(args: Any) -> dict[str, Any]:
     }
     payload = write_results(
         args.out, benchmark="gpu_checks", command=command_line(), device=device, config=config,
-        results={"clean_traffic": traffic, "planted_faults": faults, "sampled_step": sampled},
+        results={
+            "clean_traffic": traffic, "planted_faults": faults, "legitimate_patterns": legit,
+            "sampled_step": sampled,
+        },
         targets=targets, notes=notes,
     )
     print_table(
@@ -307,6 +351,16 @@ def run(args: Any) -> dict[str, Any]:
         [(r["graph"], r["fault"], f"{r['expected']} {r['expected_name']}", r["recorded"], r["faulty_steps"],
           "yes" if r["caught"] else "NO") for r in faults],
     )
+    print_table(
+        "The legitimate pattern beside each fault, every check and the canary on every replay "
+        "(any violation is a false alarm)",
+        ("graph", "pattern", "mode", "replays", "violations"),
+        [(r["graph"], r["pattern"], r["mode"], r["replays"], r["violations"]) for r in legit],
+    )
+    for row in legit:
+        if row["first_violation"]:
+            where = f"{row['graph']}, {row['pattern']}, {row['mode']}"
+            print(f"first violation ({where}): {row['first_violation']}")
     print_table(
         "A sampled replay's cost to a decode step (median ms, three runners interleaved)",
         ("bucket", "variant", "step ms", "added ms", "samples"),

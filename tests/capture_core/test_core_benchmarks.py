@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.faults import FAULTS, KINDS
+from tests.support.faults import ALWAYS_ON, KINDS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,8 @@ def test_gpu_checks_quick_reports_clean_traffic_first_then_every_planted_fault_a
     out = tmp_path / "gpu_checks.json"
     stdout = run_script("bench/gpu_checks.py", "--quick", "--budget-s", "120", "--out", str(out))
     payload = json.loads(out.read_text())
-    assert list(payload["results"]) == ["clean_traffic", "planted_faults", "sampled_step"]
+    results = ["clean_traffic", "planted_faults", "legitimate_patterns", "sampled_step"]
+    assert list(payload["results"]) == results
     sampled, traffic = payload["results"]["sampled_step"], payload["results"]["clean_traffic"]
     assert {r["variant"] for r in sampled} == {
         "no replay sampled", "every replay sampled", "every replay sampled, canary on",
@@ -76,11 +77,14 @@ def test_gpu_checks_quick_reports_clean_traffic_first_then_every_planted_fault_a
     wanted = {"always_on": config["replays_wanted"], "debug": config["debug_replays_wanted"]}
     assert all(r["violations"] == 0 and r["replays"] >= wanted[r["mode"]] for r in traffic)
     faults = payload["results"]["planted_faults"]
-    assert {(r["graph"], r["fault"]) for r in faults} == {(g, f) for g in KINDS for f in FAULTS}
+    assert {(r["graph"], r["fault"]) for r in faults} == {(g, f) for g in KINDS for f in ALWAYS_ON}
     assert all(r["caught"] and r["false_alarms_before"] == 0 for r in faults)
     # Every fault of the suite is caught at the first faulty step, no sampled replay needed (the
     # baked host values by the guard's baked-value comparison, not the canary).
     assert {r["faulty_steps"] for r in faults} == {1}
+    legit = payload["results"]["legitimate_patterns"]
+    assert {r["graph"] for r in legit} == set(KINDS) and all(r["violations"] == 0 for r in legit)
+    assert {r["pattern"] for r in legit} >= {"in-graph sampling", "inputs_written_unseen (inference mode)"}
     assert all(t["met"] is not False for t in payload["targets"])
     assert stdout.index("Clean traffic with every check on") < stdout.index("Planted faults")
 
