@@ -1,5 +1,6 @@
 """No false alarms: traffic through each runner with every check on, the canary included, records no
-violation (on the eager backend here; ``bench/gpu_checks.py`` runs 10,000 replays of each on CUDA)."""
+violation: 10,000 always-on and 1,000 debug replays of each runner here (on the eager backend, marked
+slow), and ``bench/gpu_checks.py`` runs as many on CUDA."""
 
 from __future__ import annotations
 
@@ -33,20 +34,42 @@ def make_runner(kind: str, runtime: GraphRuntime) -> DecodeRunner | MixedBatchRu
     return DecodeRunner(model, runtime, [1, 2, 4, 8, 16], ubatch=ubatch)
 
 
+def random_step(runner: DecodeRunner | MixedBatchRunner, rng: random.Random) -> tuple:
+    """One step of random traffic's inputs: decode batches of 1..16 (and, for the mixed runner,
+    prefill and decode requests mixed), so batches grow and shrink over their padding."""
+    if isinstance(runner, MixedBatchRunner):
+        count = rng.randint(1, 5)
+        tokens = [[rng.randrange(100) for _ in range(rng.choice((1, 1, 2, 3)))] for _ in range(count)]
+        contexts, slots = [rng.randrange(12) for _ in range(count)], rng.sample(range(16), count)
+        batch = flatten_requests(tokens, contexts, slots)
+        return batch.input_ids, batch.positions, batch.slot_ids, batch.attn_metadata
+    count = rng.randint(1, 16)
+    return torch.randint(0, 100, (count,)), torch.randint(0, 30, (count,)), torch.randperm(16)[:count]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", RUNNERS)
+def test_ten_thousand_always_on_and_a_thousand_debug_replays_record_nothing(kind, observer) -> None:
+    rng = random.Random(len(kind))
+    for mode, wanted in (("always_on", 10_000), ("debug", 1_000)):
+        runtime = GraphRuntime(
+            "eager", observer=observer, progress=False, warmup_iters=1, address_check=mode, canary=True,
+            sampling=Sampling(first=1, every=100),
+        )
+        runner = make_runner(kind, runtime)
+        runner.capture()
+        before = len(observer.replays)
+        while len(observer.replays) - before < wanted:
+            runner.step(*random_step(runner, rng))
+        assert observer.violations == [], observer.violations[0].message
+    assert len(observer.replays) >= 11_000
+
+
 def serve(runner: DecodeRunner | MixedBatchRunner, steps: int, seed: int) -> None:
     """Random decode (and, for the mixed runner, prefill) traffic, each step checked against eager."""
     rng = random.Random(seed)
     for _ in range(steps):
-        if isinstance(runner, MixedBatchRunner):
-            count = rng.randint(1, 5)
-            tokens = [[rng.randrange(100) for _ in range(rng.choice((1, 1, 2, 3)))] for _ in range(count)]
-            contexts, slots = [rng.randrange(12) for _ in range(count)], rng.sample(range(16), count)
-            batch = flatten_requests(tokens, contexts, slots)
-            inputs = (batch.input_ids, batch.positions, batch.slot_ids, batch.attn_metadata)
-        else:
-            count = rng.randint(1, 16)
-            ids, positions = torch.randint(0, 100, (count,)), torch.randint(0, 30, (count,))
-            inputs = (ids, positions, torch.randperm(16)[:count])
+        inputs = random_step(runner, rng)
         kv_before = runner.kv_cache.clone()
         logits = runner.step(*inputs).clone()
         runner.kv_cache.copy_(kv_before)
