@@ -20,8 +20,9 @@ kv_cache; the reference decoder's parameters and buffers), and on the inputs oth
 
 Nanoseconds per call: the median over bursts of back-to-back calls, every variant of a table
 interleaved burst by burst (so a busy host slows them alike), an empty call's time subtracted.
-Host time only: the checks never wait for the device, so ``--device cuda`` on a GPU host gives the
-figure a replay pays there.
+Host time only: the checks never wait for the device (but for the per-step comparison's row, where
+each call reads the previous call's result back, as the next replay does), so ``--device cuda`` on
+a GPU host gives the figure a replay pays there.
 
     python3 bench/check_cost.py --out bench/results/check_cost.json
 """
