@@ -52,10 +52,13 @@ def _failed_cases(report: Path) -> dict[str, str]:
             if case.find("failure") is not None}
 
 
-def _only_capture_time_may_fail(report: Path) -> None:
-    # Capture time swings by seconds on a loaded test machine (the thresholds are for CI runners);
-    # every other comparison of a run of the same code must pass.
-    assert set(_failed_cases(report)) <= {"Capture time"}, _failed_cases(report)
+def _green(report: Path) -> None:
+    """A run of the same code passes every comparison; capture time, which on the eager backend is the
+    CPU's time under whatever else the machine runs (seconds a graph here), is not judged there."""
+    assert _failed_cases(report) == {}, _failed_cases(report)
+    [capture_time] = [case for case in ET.parse(report).getroot().iter("testcase")
+                      if case.get("name") == "Capture time"]
+    assert "ran on the eager backend" in (capture_time.find("skipped").get("message") or "")
 
 
 @pytest.mark.slow
@@ -74,8 +77,8 @@ def test_the_pytest_example_passes_under_the_plugin_and_gates_its_session(tmp_pa
     assert saved.returncode == 0 and (tmp_path / "ci" / "tests-baseline.json").is_file(), saved.stdout
     [gated] = [line for line in command_lines("--save-baseline") if "pytest" in line]
     judged = run_line(program, gated, tmp_path)
-    assert judged.returncode in (0, 1), judged.stdout + judged.stderr
-    _only_capture_time_may_fail(tmp_path / "graph-report.xml")
+    assert judged.returncode == 0, judged.stdout + judged.stderr
+    _green(tmp_path / "graph-report.xml")
     assert len(ET.parse(tmp_path / "graph-report.xml").getroot().findall(".//testcase")) == 9
 
 
@@ -98,8 +101,8 @@ def test_the_ci_gate_as_written_judges_each_ci_runs_fresh_database(tmp_path: Pat
     assert first.returncode == 0, first.stderr
     assert "written to ci/graph-baseline.json" in first.stderr
     judged = ci_run(record, gate)
-    assert judged.returncode in (0, 1), judged.stderr  # not 2: the new ci.db's run 1 is judged
-    _only_capture_time_may_fail(tmp_path / "graph-report.xml")
+    assert judged.returncode == 0, judged.stderr  # not 2: the new ci.db's run 1 is judged, and passes
+    _green(tmp_path / "graph-report.xml")
 
     (tmp_path / "engine.py").write_text(engine.replace("sizes=[1, 2, 4, 8]", "sizes=[1, 2, 4]"))
     regressed = ci_run(record, gate)

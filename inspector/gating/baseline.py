@@ -44,6 +44,9 @@ from inspector.storage.store import Store, open_store
 FORMAT = "graph-inspector baseline"
 VERSION = 1
 """Bumped when the file's meaning changes; a newer file is refused with a clear error."""
+EAGER_BACKEND = "eager"
+"""The backend of a run without CUDA graphs (``capture_core.backends.EagerBackend.name``), as a
+source's ``backend`` names it: its capture time is the model run eagerly, not a graph's capture."""
 
 GraphKey = tuple[str, str]
 """(mode label, descriptor key)."""
@@ -230,6 +233,7 @@ class FiguresCollector:
 
     def on_capture(self, event: Any) -> None:
         graph = self._graph(event.mode.label, event.descriptor, unexpected=event.unexpected)
+        self.figures.source["backend"] = event.backend
         graph.captures += 1
         graph.pool_bytes += int(event.pool_bytes)
         graph.capture_seconds += float(event.capture_seconds)
@@ -258,8 +262,13 @@ class FiguresCollector:
 
 
 def merge(parts: list[Figures], source: Mapping[str, Any]) -> Figures:
-    """Figures of several parts (the tests of a session) summed into one."""
+    """Figures of several parts (the tests of a session) summed into one; their backend is the
+    eager one when any part's is (its capture time is then no graph's)."""
     merged = Figures(source=dict(source))
+    backends = sorted({part.source["backend"] for part in parts if "backend" in part.source},
+                      key=lambda name: name != EAGER_BACKEND)
+    if backends:
+        merged.source["backend"] = backends[0]
     for part in parts:
         for graphs, merged_graphs in ((part.graphs, merged.graphs), (part.unexpected, merged.unexpected)):
             for key, graph in graphs.items():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inspector.errors import UsageError
-from inspector.gating.baseline import Figures, GraphFigures, figures_from_json, load_baseline
+from inspector.gating.baseline import Figures, GraphFigures, figures_from_json, load_baseline, merge
 from inspector.gating.gate import DEFAULTS, MIB, REGRESSION, SKIPPED, Thresholds, compare
 from inspector.reading.traffic import TrafficTotals
 
@@ -104,6 +104,34 @@ def test_pool_memory_and_capture_time_fail_on_the_total_or_one_graph(
                f"{name}__absolute_{unit}": total_limit * 0.1}
     assert verdict(spread, name, **relaxed) == REGRESSION
     assert verdict(spread, name, **relaxed | {f"{name}__relative": 0.5}) == "pass"
+
+
+def test_capture_time_is_not_judged_where_either_side_ran_on_the_eager_backend() -> None:
+    # On the eager backend a capture is the model run eagerly: its time is the CPU's, which swings by
+    # seconds a graph on a busy runner. Five seconds more for one graph fails on CUDA, not there.
+    slower = changed(c={"capture_seconds": 5.0})
+    on_cuda = copy.deepcopy(BASE)
+    on_cuda.source["backend"] = slower.source["backend"] = "cuda"
+    [judged] = [c for c in compare(on_cuda, slower).comparisons if c.name == "capture_time"]
+    assert judged.verdict == REGRESSION
+    for eager_side, summary in (("baseline", "the baseline ran"), ("candidate", "this run ran"),
+                                ("both", "the baseline and this run ran")):
+        baseline, candidate = copy.deepcopy(on_cuda), copy.deepcopy(slower)
+        for side in (baseline, candidate):
+            if eager_side in ("both", "baseline" if side is baseline else "candidate"):
+                side.source["backend"] = "eager"
+        result = compare(baseline, candidate)
+        [skipped] = [c for c in result.comparisons if c.name == "capture_time"]
+        assert skipped.verdict == SKIPPED and result.ok
+        assert skipped.summary == (f"not compared: {summary} on the eager backend (no CUDA graphs), where a "
+                                   "capture is the model run eagerly: its time is the CPU's, not a graph's")
+
+
+def test_a_test_sessions_figures_name_the_eager_backend_when_any_test_captured_on_it() -> None:
+    parts = [Figures(source={"backend": "cuda"}), Figures(source={"backend": "eager"}), Figures()]
+    assert merge(parts, {"what": "s"}).source == {"what": "s", "backend": "eager"}
+    assert merge(parts[:1], {"what": "s"}).source["backend"] == "cuda"
+    assert "backend" not in merge(parts[2:], {"what": "s"}).source
 
 
 def _traffic(replays: int, real: int, padding: int, eager: int) -> Figures:

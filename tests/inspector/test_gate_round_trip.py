@@ -32,16 +32,8 @@ EIGHT = "full tokens=8,reqs=any,uniform=0"
 """The 8-token graph: the decode runner captures FULL graphs for any request count."""
 
 
-# Capture time of the tiny decoder on a loaded two-core test machine swings by a second a graph (0.4 s
-# one run, 1.1 s the next): what these tests judge is which run is compared with what, and the graphs,
-# memory and traffic, so capture time may not decide them (tests/inspector/test_gate.py judges it, on
-# figures given).
-CAPTURE_TIME_IS_NOT_JUDGED = ("--threshold", "capture_time.absolute_seconds=3600",
-                              "--threshold", "capture_time.per_graph_absolute_seconds=3600")
-
-
 def against(url: str, baseline: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
-    return cli("report", "--db", url, "--baseline", str(baseline), *CAPTURE_TIME_IS_NOT_JUDGED, *args)
+    return cli("report", "--db", url, "--baseline", str(baseline), *args)
 
 
 def _failed_cases(path: Path) -> dict[str, str]:
@@ -103,7 +95,7 @@ def test_a_run_missing_a_size_with_30_percent_more_pool_memory_fails_with_exactl
     verdicts = {c["name"]: c["verdict"] for c in payload["gate"]["comparisons"]}
     assert verdicts == {
         "captured_graphs": "regression", "graph_count": "pass", "pool_memory": "regression",
-        "capture_time": "pass", "padding_waste": "pass", "hit_ratio": "pass", "eager_fallbacks": "pass",
+        "capture_time": "skipped", "padding_waste": "pass", "hit_ratio": "pass", "eager_fallbacks": "pass",
         "never_replayed": "pass",
     }
     assert payload["ok"] is False and payload["gate"]["regressions"] == 2
