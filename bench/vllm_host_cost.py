@@ -16,7 +16,8 @@ PIECEWISE forward: ``--pieces`` pieces of ``--inputs`` positional inputs each (t
 the weights torch.compile lifts into each piece), as vLLM's piecewise backend calls them.
 
 Rounds alternate off and on (``--rounds``, each ``--steps`` steps after a warm-up); the figures are
-the medians of the per-round microseconds per step and their difference. Needs vLLM importable
+the medians of the per-round microseconds per step and their difference, in CPU time of the process
+(all its threads), so that other work on a shared host moves them less than wall time. Needs vLLM importable
 (``pip install vllm==0.25.1 --no-deps`` and its Python dependencies suffice: no GPU is used).
 """
 
@@ -104,7 +105,8 @@ def config(model: torch.nn.Module) -> SimpleNamespace:
 
 def steps(wrappers: list[Any], x: torch.Tensor, weights: list[torch.Tensor], pieces: int, count: int,
           on: Any) -> float:
-    """Seconds for ``count`` PIECEWISE forwards cycling through the sizes (``on``: the session, whose
+    """CPU seconds of this process (every thread: the recorder's flush thread's work counts, time
+    spent waiting for a busy host's cores does not) for ``count`` PIECEWISE forwards cycling through the sizes (``on``: the session, whose
     step is recorded and whose hooked ``__call__`` runs; None: vLLM's body called directly)."""
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
@@ -113,7 +115,7 @@ def steps(wrappers: list[Any], x: torch.Tensor, weights: list[torch.Tensor], pie
     args = [[None, *weights[i * per_piece:(i + 1) * per_piece]] for i in range(pieces)]
     descriptors = [BatchDescriptor(num_tokens=size) for size in SIZES]
     mode = CUDAGraphMode.PIECEWISE
-    started = time.perf_counter()
+    started = time.process_time()
     for step in range(count):
         descriptor = descriptors[step % len(descriptors)]
         if on is not None:
@@ -125,7 +127,7 @@ def steps(wrappers: list[Any], x: torch.Tensor, weights: list[torch.Tensor], pie
             for wrapper, piece_args in zip(wrappers, args, strict=True):
                 piece_args[0] = y
                 y = wrapper(*piece_args) if on is not None else replay_body(wrapper, *piece_args)
-    return time.perf_counter() - started
+    return time.process_time() - started
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
