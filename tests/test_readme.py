@@ -136,6 +136,17 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert f"bash {setup}" in ci and pytest_command in ci
 
 
+def test_the_quick_subset_leaves_out_every_marker_of_a_long_test_but_cuda() -> None:
+    # cuda tests skip themselves without a GPU; every other marker pyproject.toml registers is one of a
+    # long test.
+    [expression] = re.findall(r'`python3 -m pytest -m "([^"]+)"`', README)
+    left_out = re.findall(r"not (\w+)", expression)
+    assert expression == " and ".join(f"not {name}" for name in left_out)
+    [markers] = re.findall(r"^markers = \[\n(.*?)^\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M)
+    registered = set(re.findall(r'^\s*"(\w+):', markers, re.M))
+    assert "slow" in registered and set(left_out) == registered - {"cuda"}
+
+
 def test_the_virtual_environment_the_readme_creates_is_ignored_by_git() -> None:
     import subprocess
 
