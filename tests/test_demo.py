@@ -112,6 +112,15 @@ def test_demo_says_which_backend_and_prints_a_summary(faulted_run) -> None:
 
 
 @pytest.mark.slow
+def test_the_injected_faults_messages_are_lines_of_their_own_beside_the_progress_bar(faulted_run) -> None:
+    # They were written onto the end of the bar's line ("...step/s][injected] address drift ...").
+    _, result = faulted_run
+    told = [line for line in result.stderr.splitlines() if "[injected]" in line]
+    assert [line.partition(" in graph")[0].partition(":")[0] for line in told] == [
+        "[injected] address drift", "[injected] unexpected capture"], told
+
+
+@pytest.mark.slow
 def test_demo_without_faults_records_no_violations_and_same_seed_same_traffic(tmp_path: Path) -> None:
     histograms = []
     for name in ("a", "b"):

@@ -125,11 +125,14 @@ def _feed_for(runner: Runner) -> Feed:
 @contextmanager
 def _progress(label: str, total: int) -> Iterator[Any]:
     from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     # On a terminal the bar redraws often; in a log (CI, kubectl logs) a line every few seconds is enough.
     interval = 0.1 if sys.stderr.isatty() else 5.0
-    with tqdm(total=total, desc=label, unit="step", file=sys.stderr, dynamic_ncols=True,
-              mininterval=interval) as bar:
+    # A warning logged while the bar runs (the injected faults' messages) is written on a line of its
+    # own above the bar, not onto the end of the bar's line.
+    with logging_redirect_tqdm(), tqdm(total=total, desc=label, unit="step", file=sys.stderr,
+                                       dynamic_ncols=True, mininterval=interval) as bar:
         yield bar
 
 
