@@ -106,8 +106,9 @@ def config(model: torch.nn.Module) -> SimpleNamespace:
 def steps(wrappers: list[Any], x: torch.Tensor, weights: list[torch.Tensor], pieces: int, count: int,
           on: Any) -> float:
     """CPU seconds of this process (every thread: the recorder's flush thread's work counts, time
-    spent waiting for a busy host's cores does not) for ``count`` PIECEWISE forwards cycling through the sizes (``on``: the session, whose
-    step is recorded and whose hooked ``__call__`` runs; None: vLLM's body called directly)."""
+    spent waiting for a busy host's cores does not) for ``count`` PIECEWISE forwards cycling through
+    the sizes (``on``: the session, whose step is recorded and whose hooked ``__call__`` runs; None:
+    vLLM's body called directly)."""
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
 
