@@ -317,7 +317,8 @@ class SessionReporter:
         from inspector.gating.gate import Thresholds, compare
 
         state = self.state
-        figures = merge(state.figures, {"what": f"the test session ({state.tests} tests)"})
+        tests = f"{state.tests} test" + ("" if state.tests == 1 else "s")
+        figures = merge(state.figures, {"what": f"the test session ({tests})"})
         try:
             if state.save_baseline_path is not None:
                 if session.exitstatus != pytest.ExitCode.OK:
