@@ -238,6 +238,23 @@ class GraphObserver(Protocol):
 
     def on_violation(self, event: ViolationEvent) -> None: ...
 
+    def on_step_time(
+        self,
+        mode: CUDAGraphMode,
+        descriptor: BatchDescriptor,
+        graph_seconds: float | None,
+        eager_seconds: float | None,
+        samples: int = 1,
+        clock: str = "cuda_events",
+    ) -> None:
+        """Optional (the runtime calls it on observers that have it). The mean time of ``samples``
+        replays of the graph keyed ``(mode, descriptor)`` (``graph_seconds``) and/or of ``samples``
+        steps of the same size run without a graph (``eager_seconds``; an eager fallback is keyed
+        by mode ``NONE`` and the descriptor of its real tokens); None where that kind was not timed.
+        ``clock`` says how: ``cuda_events`` (the stream's span, or the host's launch time where that
+        is longer) or ``host_clock`` (the eager backend, whose "replays" re-run the model). Called
+        for sampled steps only, never on the common replay path (``capture_core.step_time``)."""
+
 
 class NullObserver:
     """The default observer: does nothing, costs one method call."""
@@ -252,6 +269,17 @@ class NullObserver:
         pass
 
     def on_violation(self, event: ViolationEvent) -> None:
+        pass
+
+    def on_step_time(
+        self,
+        mode: CUDAGraphMode,
+        descriptor: BatchDescriptor,
+        graph_seconds: float | None,
+        eager_seconds: float | None,
+        samples: int = 1,
+        clock: str = "cuda_events",
+    ) -> None:
         pass
 
 
@@ -276,3 +304,18 @@ class FanOutObserver:
     def on_violation(self, event: ViolationEvent) -> None:
         for observer in self.observers:
             observer.on_violation(event)
+
+    def on_step_time(
+        self,
+        mode: CUDAGraphMode,
+        descriptor: BatchDescriptor,
+        graph_seconds: float | None,
+        eager_seconds: float | None,
+        samples: int = 1,
+        clock: str = "cuda_events",
+    ) -> None:
+        """To the observers that take step times (the call is optional)."""
+        for observer in self.observers:
+            on_step_time = getattr(observer, "on_step_time", None)
+            if on_step_time is not None:
+                on_step_time(mode, descriptor, graph_seconds, eager_seconds, samples, clock)

@@ -15,7 +15,9 @@ served eagerly or captured anyway, by policy. Never silent.
 
 The replay checks (see ``capture_core.checks``) run in the configured mode; ``sampling`` says which
 replays get the closer look (and the canary, when ``canary=True``; debug mode samples every replay
-and always runs the canary).
+and always runs the canary). The same sampled replays, the canary's eager steps and a sampled share
+of the eager fallbacks are timed (``step_timing``, on by default; ``capture_core.step_time``), and
+their times told to the observer.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from capture_core.modes import CUDAGraphMode
 from capture_core.progress import ProgressBar
 from capture_core.shadows import StepBuffers
 from capture_core.sizes import EagerReason
+from capture_core.step_time import StepPath, StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,7 @@ class GraphRuntime:
         progress: bool = True,
         sampling: Sampling | None = None,
         canary: bool = False,
+        step_timing: bool = True,
     ) -> None:
         if isinstance(warmup_iters, bool) or not isinstance(warmup_iters, int) or warmup_iters < 0:
             raise ValueError(f"warmup_iters must be an integer >= 0, got {warmup_iters!r}")
@@ -121,6 +125,12 @@ class GraphRuntime:
         """Run the replay-vs-eager canary on sampled replays (debug mode runs it on every replay)."""
         self.step_buffers = StepBuffers(self.report_findings)
         """The per-step input buffers of every graph: versions, shadows, which rows held tokens."""
+        self.step_timer: StepTimer | None = None
+        """Times the sampled replays, the canary's eager steps and sampled eager fallbacks (None: off)."""
+        if step_timing:
+            self.step_timer = StepTimer(
+                self._report_step_time, self.sampling, device_events=self.backend.name == "cuda"
+            )
         self.unexpected_capture = UnexpectedCapturePolicy.parse(unexpected_capture)
         self.warmup_iters = warmup_iters
         self.observer: GraphObserver = observer if observer is not None else NullObserver()
@@ -133,9 +143,10 @@ class GraphRuntime:
         self.capture_lock = threading.RLock()
         log.info(
             "graph runtime: backend=%s address_check=%s unexpected_capture=%s warmup_iters=%d "
-            "sampling=first %d then 1 in %d canary=%s",
+            "sampling=first %d then 1 in %d canary=%s step_timing=%s",
             self.backend_name, self.address_check.value, self.unexpected_capture.value, warmup_iters,
             self.sampling.first, self.sampling.every, "on" if canary else "off",
+            self.step_timer.clock if self.step_timer is not None else "off",
         )
 
     @property
@@ -210,6 +221,32 @@ class GraphRuntime:
             self.observer.on_eager(EagerReason.UNEXPECTED_CAPTURE, num_real_tokens, mode)
             return CaptureDecision.EAGER
         return CaptureDecision.CAPTURE_UNEXPECTED
+
+    def _report_step_time(
+        self, path: StepPath, mode: CUDAGraphMode, descriptor: BatchDescriptor, seconds: float, clock: str
+    ) -> None:
+        """One timed step, to an observer that takes step times (the call is optional)."""
+        on_step_time = getattr(self.observer, "on_step_time", None)
+        if on_step_time is None:
+            return
+        if path is StepPath.GRAPH:
+            on_step_time(mode, descriptor, seconds, None, 1, clock)
+        else:
+            on_step_time(mode, descriptor, None, seconds, 1, clock)
+
+    def run_eager_fallback(
+        self, descriptor: BatchDescriptor, run: Callable[..., Any], *args: Any
+    ) -> Any:
+        """``run(*args)``: a batch served without a graph, at ``descriptor``'s size (its real tokens),
+        timed when the step timer samples it (keyed by mode ``NONE``: no graph ran)."""
+        if self.step_timer is None:
+            return run(*args)
+        return self.step_timer.eager(CUDAGraphMode.NONE, descriptor, run, *args)
+
+    def collect_step_times(self, wait: bool = True) -> int:
+        """Report the timed steps whose CUDA events are still unread (waiting for the GPU with
+        ``wait``): call it at the end of a run, so the last samples are not left behind. How many."""
+        return 0 if self.step_timer is None else self.step_timer.collect(wait)
 
     def report_capture(self, event: CaptureEvent) -> None:
         log.debug(

@@ -122,7 +122,8 @@ class StepRunner(abc.ABC):
         num_tokens = routed.num_real_tokens
         if routed.eager_reason is not None:
             self.runtime.observer.on_eager(routed.eager_reason, num_tokens, wanted)
-            return self._run_eagerly(tokens, attn_metadata)
+            run = self._run_eagerly
+            return self.runtime.run_eager_fallback(routed.descriptor, run, tokens, attn_metadata)
         input_ids, positions, slot_ids = tokens  # keywords by hand: no dict built per step
         views = self.buffers.load(
             routed.descriptor.num_tokens, input_ids=input_ids, positions=positions, slot_ids=slot_ids

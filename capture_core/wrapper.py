@@ -51,6 +51,7 @@ from capture_core.outputs import Handouts
 from capture_core.runtime import CaptureDecision, CapturePhase, GraphRuntime
 from capture_core.stale import PerStepInputs
 from capture_core.state import ModuleState
+from capture_core.step_time import StepPath
 
 _OFF, _DEBUG = AddressCheckMode.OFF, AddressCheckMode.DEBUG
 
@@ -336,22 +337,29 @@ class CUDAGraphWrapper:
         if sampled and self.reports and self.has_eager_form and (debug or runtime.canary):
             part = None if self.compared is None else functools.partial(self.compared, context=context)
             canary = CanaryRun(checks.layout, checks.mutated, context, args, kwargs, part)
-        graph = entry.graph
-        if entry.runs_pass:
-            outputs = graph.run(args, kwargs)
+        timer = runtime.step_timer if sampled and self.reports else None
+        if timer is None:
+            outputs = _replay(entry, args, kwargs)
         else:
-            graph.replay()
-            outputs = graph.outputs
+            key = (context.mode, context.descriptor)
+            outputs = timer.time(StepPath.GRAPH, *key, _replay, entry, args, kwargs)
         if canary is not None:
             canary.replayed()
             try:  # the eager step runs plainly, nested wrappers included
                 with use_forward_context(None), torch.no_grad():
                     call = GraphCall(context, canary.eager_args, canary.eager_kwargs)
-                    eager = self.source.run_eagerly(call)
+                    if timer is None:
+                        eager = self.source.run_eagerly(call)
+                    else:
+                        eager = timer.time(
+                            StepPath.EAGER, context.mode, context.descriptor, self.source.run_eagerly, call
+                        )
             except BaseException:
                 canary.put_back()
                 raise
             mismatches = canary.compare(outputs, eager)
+            if timer is not None:
+                timer.collect()  # the comparison read its results back: the events have completed
             if mismatches:
                 runtime.report_findings(self.name, context.mode, context.descriptor, mismatches)
         if debug and self.reports:  # handed out as views that know this replay (no copies)
@@ -373,7 +381,11 @@ class CUDAGraphWrapper:
             )
             call = GraphCall(context, args, kwargs)
             if decision is CaptureDecision.EAGER:
-                return self.source.run_eagerly(call)
+                if not self.reports:
+                    return self.source.run_eagerly(call)
+                size = BatchDescriptor(context.descriptor.num_tokens, has_lora=context.descriptor.has_lora,
+                                       num_active_loras=context.descriptor.num_active_loras)
+                return runtime.run_eager_fallback(size, self.source.run_eagerly, call)
             unexpected = decision is CaptureDecision.CAPTURE_UNEXPECTED
             entry, outputs = self.source.capture(self, call, unexpected)
             self.adopt(entry)
@@ -501,3 +513,12 @@ class CUDAGraphWrapper:
             f"CUDAGraphWrapper({self.name!r}, mode={self.runtime_mode.name}, "
             f"backend={self.runtime.backend_name}, graphs={len(self._graphs)})"
         )
+
+
+def _replay(entry: GraphEntry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Replay ``entry`` for this call: its pass of segment graphs, or its graph into static outputs."""
+    graph = entry.graph
+    if entry.runs_pass:
+        return graph.run(args, kwargs)
+    graph.replay()
+    return graph.outputs

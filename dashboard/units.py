@@ -31,6 +31,20 @@ def human_seconds(value: float | None) -> str:
     return f"{value / 60:.1f} min"
 
 
+def step_seconds(value: float | None) -> str:
+    """Step times are microseconds to milliseconds: show us below one millisecond."""
+    if value is None:
+        return NONE
+    if abs(value) < 1e-3:
+        return f"{value * 1e6:.1f} us"
+    return human_seconds(value)
+
+
+def speedup(value: float | None) -> str:
+    """A ratio of times, as 'x2.41'."""
+    return NONE if value is None else f"x{value:.2f}"
+
+
 def percent(value: float | None, digits: int = 1) -> str:
     return NONE if value is None else f"{value * 100:.{digits}f} %"
 
@@ -59,6 +73,8 @@ def ago(value: float | None, now: float) -> str:
 FILTERS = {
     "bytes": human_bytes,
     "seconds": human_seconds,
+    "step_seconds": step_seconds,
+    "speedup": speedup,
     "percent": percent,
     "count": count,
     "timestamp": timestamp,

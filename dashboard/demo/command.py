@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             runner.capture()
             result = traffic.serve_traffic(runner, trace, args)
+            runner.runtime.collect_step_times()  # the last timed replays' CUDA events, read now
         finally:
             recorder.close()
         console.print_summary(store, recorder.run_id, runner, result, url)

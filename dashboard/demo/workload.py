@@ -117,8 +117,10 @@ def build_runner(args: argparse.Namespace, backend: str, config: ModelConfig) ->
     torch.manual_seed(args.seed)
     model = ReferenceDecoder(config, seed=args.seed)
     # Always-on address checks: a drift is recorded and the run goes on. An unexpected capture is
-    # captured anyway (and recorded as such): what a latency spike in production looks like.
-    runtime = GraphRuntime(backend, unexpected_capture=UnexpectedCapturePolicy.CAPTURE)
+    # captured anyway (and recorded as such): what a latency spike in production looks like. The
+    # canary runs on the sampled replays (the first of each graph, then one in a thousand): it checks
+    # them, and its eager step is what each graph's speedup is measured against.
+    runtime = GraphRuntime(backend, unexpected_capture=UnexpectedCapturePolicy.CAPTURE, canary=True)
     sizes = capture_sizes(args.capture_sizes, args.max_batch)
     mode = CUDAGraphMode[args.mode.upper()]
     if is_decode_only(args):

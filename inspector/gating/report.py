@@ -21,9 +21,16 @@ from sqlalchemy import func, select
 
 from inspector.errors import UsageError
 from inspector.gating.gate import REGRESSION, SKIPPED, Comparison, GateResult
-from inspector.reading.traffic import TrafficTotals, never_captured, never_captured_line, traffic_per_run
+from inspector.reading.graph_worth import MARKS, GraphWorth, graph_worth
+from inspector.reading.traffic import (
+    TrafficTotals,
+    never_captured,
+    never_captured_line,
+    replay_totals,
+    traffic_per_run,
+)
 from inspector.recording.losses import Losses, Sidecar, run_losses
-from inspector.storage.models import CompileRecord, Graph, Run, Violation
+from inspector.storage.models import CompileRecord, Graph, ReplayTotal, Run, Violation
 from inspector.storage.store import Store
 
 FORMATS = ("text", "json", "junit")
@@ -127,11 +134,55 @@ class RunSummary:
                          f"{self.dropped.describe()}")
         return found
 
+    step_times: list[GraphTime] = field(default_factory=list)
+    """Its timed graphs, by captured size."""
+
+    def step_time_line(self) -> str | None:
+        """The speedups of its timed graphs in a line (None when none has both times)."""
+        timed = [(t.captured_size, t.worth.speedup) for t in self.step_times if t.worth.speedup is not None]
+        if not timed:
+            return None
+        clock = self.step_times[0].worth.clock
+        low, high = min(timed, key=lambda t: t[1]), max(timed, key=lambda t: t[1])
+        return (f"step time ({clock}): {len(timed)} graph(s) timed against eager, speedup x{low[1]:.2f} "
+                f"(size {low[0]}) to x{high[1]:.2f} (size {high[0]})")
+
     @property
     def name(self) -> str:
         label = f" {self.label!r}" if self.label else ""
         job = f", job {self.job}" if self.job else ""
         return f"run {self.id}{label} ({self.host}, rank {self.rank}{job}, pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class GraphTime:
+    """One timed graph of a run, as the report shows it: what it is worth (``inspector.graph_worth``)."""
+
+    graph_id: int
+    mode: str
+    descriptor: str
+    captured_size: int
+    worth: GraphWorth
+
+    @property
+    def name(self) -> str:
+        return f"graph {self.graph_id} {self.descriptor} ({self.mode})"
+
+    def advice(self) -> list[str]:
+        """A line per mark: what is said of it, with the figures."""
+        w = self.worth
+        figures = (f"speedup x{w.speedup:.2f}: replay {_ms(w.graph.mean)}, eager {_ms(w.eager.mean)}; "
+                   f"saved {w.saved_seconds:.3g} s over {w.replays:,} replays against "
+                   f"{w.capture_seconds:.3g} s of capture")
+        return [f"advice: {self.name}: {MARKS[mark]} ({figures})" for mark in w.marks]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"graph_id": self.graph_id, "mode": self.mode, "descriptor": self.descriptor,
+                "captured_size": self.captured_size, **self.worth.as_dict()}
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.3f} ms"
 
 
 @dataclass(frozen=True)
@@ -214,6 +265,17 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
             runs[rid].traffic = traffic
         for rid, batches in never_captured(session, selected).items():
             runs[rid].never_captured = batches
+        graphs = session.scalars(
+            select(Graph)
+            .where(Graph.run_id.in_(selected))
+            .order_by(Graph.run_id, Graph.captured_size, Graph.id)
+        ).all()
+        replayed = replay_totals(session, ReplayTotal.graph_id, graph_ids=[g.id for g in graphs])
+        worths = graph_worth(session, graphs, {gid: totals.replays for (gid,), totals in replayed.items()})
+        for g in graphs:
+            if g.id in worths:
+                runs[g.run_id].step_times.append(
+                    GraphTime(g.id, g.mode, g.descriptor_key, g.captured_size, worths[g.id]))
         losses = run_losses(session, Sidecar(store.sqlite_path), None if run_id is None else selected)
         for rid, dropped in losses.runs.items():
             runs[rid].dropped = dropped
@@ -272,6 +334,10 @@ def render_text(report: Report) -> str:
             f"padding waste {_percent(traffic.padding_waste)}, {run.violations} violation(s)"
         )
         lines.extend(f"    warning: {warning}" for warning in run.warnings)
+        step_line = run.step_time_line()
+        if step_line is not None:
+            lines.append(f"    {step_line}")
+        lines.extend(f"    {advice}" for timed in run.step_times for advice in timed.advice())
         lines.extend(f"    {note.line}" for note in report.compile_notes if note.where == run.name)
     if report.unattributed_losses:
         lost = report.unattributed_losses
@@ -329,7 +395,8 @@ def render_json(report: Report) -> str:
         "generated_at": report.generated_at,
         "runs": [
             asdict(run) | {"traffic": run.traffic.as_dict(), "dropped": run.dropped.as_dict(),
-                           "dropped_events": run.dropped.events, "warnings": run.warnings}
+                           "dropped_events": run.dropped.events, "warnings": run.warnings,
+                           "step_times": [timed.as_dict() for timed in run.step_times]}
             for run in report.runs
         ],
         "unattributed_dropped": report.unattributed_losses.as_dict(),

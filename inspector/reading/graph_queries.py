@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 
 from inspector.advice.costs import RecordedGraph
 from inspector.reading import fields
+from inspector.reading.graph_worth import graph_worth
 from inspector.reading.listing import VIOLATION_ORDER, Page, equal, page_of
 from inspector.reading.run_queries import RunQueries
 from inspector.reading.traffic import TrafficTotals, integer_sum, replay_totals
@@ -59,8 +60,13 @@ class GraphQueries(RunQueries):
             traffic = replay_totals(session, ReplayTotal.graph_id, graph_ids=ids)
             injected = fields.injected_captures(session, graph_ids=ids)
             none = TrafficTotals()
-            items = [{**fields.graph(g), "injected": g.id in injected,
-                      "traffic": traffic.get((g.id,), none).as_dict()} for g in graphs]
+            worth = graph_worth(session, graphs, {g.id: traffic.get((g.id,), none).replays for g in graphs})
+            items = [
+                {**fields.graph(g), "injected": g.id in injected,
+                 "traffic": traffic.get((g.id,), none).as_dict(),
+                 "step_time": worth[g.id].as_dict() if g.id in worth else None}
+                for g in graphs
+            ]
         return Page(items, page, per_page, total)
 
     def start_up_graphs(self, run_ids: Sequence[int] | None = None) -> list[RecordedGraph]:
@@ -122,6 +128,8 @@ class GraphQueries(RunQueries):
             names = json.loads(graph.input_names or "[]")
             addresses = json.loads(graph.input_addresses or "[]")
             slices = json.loads(graph.ubatch_slices or "[]")
+            traffic = replay_totals(session, graph_ids=[graph_id]).get((), TrafficTotals())
+            worth = graph_worth(session, [graph], {graph_id: traffic.replays}).get(graph_id)
             return {
                 **fields.graph(graph),
                 "injected": bool(fields.injected_captures(session, graph_ids=[graph_id])),
@@ -138,7 +146,8 @@ class GraphQueries(RunQueries):
                     {"req_start": s[0], "req_stop": s[1], "token_start": s[2], "token_stop": s[3]}
                     for s in slices
                 ],
-                "traffic": replay_totals(session, graph_ids=[graph_id]).get((), TrafficTotals()).as_dict(),
+                "traffic": traffic.as_dict(),
+                "step_time": None if worth is None else worth.as_dict(),
                 "history": [_window_fields(*window) for window in reversed(windows)],
                 "violations": fields.linked_violations(session, violations),
             }

@@ -18,15 +18,18 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, and_, func, select
+from sqlalchemy.orm import Session
 
 from capture_core.events import ViolationKind
+from inspector.reading.graph_worth import NONE_MODE, graph_worth, marked
 from inspector.reading.traffic import TrafficTotals, eager_totals, replay_totals, run_traffic
 from inspector.recording.losses import Sidecar, run_losses
-from inspector.storage.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, Violation
+from inspector.storage.models import CompileRecord, EagerTotal, Graph, ReplayTotal, Run, StepTime, Violation
 from inspector.storage.store import DATABASE_ERRORS, Store
 
 log = logging.getLogger(__name__)
@@ -83,6 +86,21 @@ METRICS: tuple[MetricSpec, ...] = (
         "counter",
         ("mode",),
         "Padding tokens computed by graph replays: captured size times replays, less the real tokens.",
+    ),
+    MetricSpec(
+        f"{PREFIX}step_duration_seconds",
+        "summary",
+        ("mode", "captured_size", "path"),
+        "Timed steps (sampled replays, path=graph; the same step run eagerly at that size, path=eager), "
+        "over every run: the sum in seconds and the count. Eager over graph is the speedup.",
+    ),
+    MetricSpec(
+        f"{PREFIX}graphs_marked",
+        "gauge",
+        ("mark",),
+        "Graphs of the latest run of each host and rank that are not worth their keep, by mark (advice, "
+        "not violations): not_faster (replay not faster than eager at its size), capture_not_repaid "
+        "(saved less time than its capture took).",
     ),
     MetricSpec(
         f"{PREFIX}eager_fallbacks_total",
@@ -222,6 +240,7 @@ class InspectorCollector(Collector):
         for mode, traffic in by_mode.items():
             f[f"{PREFIX}real_tokens_total"].add_metric([mode], traffic.num_real_tokens)
             f[f"{PREFIX}padding_tokens_total"].add_metric([mode], traffic.padding_tokens)
+        self._read_step_times(conn, f, latest)
         for (reason,), (batches, _) in sorted(eager_totals(conn, EagerTotal.reason).items()):
             f[f"{PREFIX}eager_fallbacks_total"].add_metric([reason], batches)
 
@@ -263,6 +282,31 @@ class InspectorCollector(Collector):
         if dropped.unclassified:  # runs recorded by an older version, which counted rows
             f[f"{PREFIX}recorder_dropped_events_total"].add_metric(["unclassified"], dropped.unclassified)
         f[f"{PREFIX}recorder_dropped_real_tokens_total"].add_metric([], dropped.real_tokens)
+
+
+    @staticmethod
+    def _read_step_times(conn: Connection, f: dict[str, Metric], latest: Any) -> None:
+        """The step-time summary of every graph key (not the eager fallbacks, whose sizes are any
+        token count: an unbounded label), and the marked graphs of the latest runs."""
+        t = StepTime
+        for mode, size, graph_s, graph_n, eager_s, eager_n in conn.execute(
+            select(t.mode, t.captured_size, func.sum(t.graph_seconds), func.sum(t.graph_samples),
+                   func.sum(t.eager_seconds), func.sum(t.eager_samples))
+            .where(t.mode != NONE_MODE)
+            .group_by(t.mode, t.captured_size)
+            .order_by(t.mode, t.captured_size)
+        ):
+            for path, seconds, samples in (("graph", graph_s, graph_n), ("eager", eager_s, eager_n)):
+                if samples:
+                    f[f"{PREFIX}step_duration_seconds"].add_metric(
+                        [mode, str(size), path], count_value=int(samples), sum_value=float(seconds))
+        with Session(bind=conn) as session:
+            graphs = session.scalars(select(Graph).where(Graph.run_id.in_(latest))).all()
+            traffic = replay_totals(session, ReplayTotal.graph_id, graph_ids=[g.id for g in graphs])
+            replays = {graph_id: totals.replays for (graph_id,), totals in traffic.items()}
+            counts = marked(graph_worth(session, graphs, replays).values())
+        for mark, count in counts.items():
+            f[f"{PREFIX}graphs_marked"].add_metric([mark], count)
 
 
 def metrics_table_markdown() -> str:

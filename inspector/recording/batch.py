@@ -33,6 +33,12 @@ ReplayKey = tuple[Any, int, "int | None", bool, bool, int, int]
 EagerKey = tuple[str, Any, int]
 """The recorder's eager counter key: (reason value, mode value, real tokens)."""
 
+StepTimeKey = tuple[Any, int, "int | None", bool, bool, int, str]
+"""The recorder's step-time key: (mode value, the descriptor's five fields in order, clock)."""
+
+StepTimeSums = tuple[float, int, float, int]
+"""(graph seconds, graph samples, eager seconds, eager samples) summed over a run so far."""
+
 
 def graph_key(mode: CUDAGraphMode, descriptor: BatchDescriptor) -> GraphKey:
     return (mode.label, stored_key(descriptor))
@@ -143,6 +149,19 @@ class ReplayDelta:
 
 
 @dataclass
+class StepTimeDelta:
+    """Timed steps of one graph key since the last committed window: sums and sample counts."""
+
+    mode: CUDAGraphMode
+    descriptor: BatchDescriptor
+    clock: str
+    graph_seconds: float = 0.0
+    graph_samples: int = 0
+    eager_seconds: float = 0.0
+    eager_samples: int = 0
+
+
+@dataclass
 class TrafficWindow:
     """Everything counted in the hot path since the last committed window."""
 
@@ -153,9 +172,11 @@ class TrafficWindow:
     """(reason, mode label) -> [batches, real tokens]."""
     batch_sizes: dict[int, int] = field(default_factory=dict)
     """real token count -> batches (replayed or eager)."""
+    step_times: dict[GraphKey, StepTimeDelta] = field(default_factory=dict)
+    """Timed steps per graph key (running totals only: no window rows)."""
 
     def rows(self) -> int:
-        return len(self.replays) + len(self.eager) + len(self.batch_sizes)
+        return len(self.replays) + len(self.eager) + len(self.batch_sizes) + len(self.step_times)
 
     def losses(self) -> Losses:
         """What this window counts as when it is lost: its replays, eager batches and their tokens."""
@@ -204,6 +225,30 @@ def traffic_since(
         totals[0] += delta
         totals[1] += real * delta
         window.batch_sizes[real] = window.batch_sizes.get(real, 0) + delta
+    return window
+
+
+def step_times_since(
+    window: TrafficWindow, sums: dict[StepTimeKey, StepTimeSums], committed: dict[StepTimeKey, StepTimeSums]
+) -> TrafficWindow:
+    """Add to ``window`` the timed steps summed since the committed snapshot (sums only grow)."""
+    for key, (graph_s, graph_n, eager_s, eager_n) in sums.items():
+        old_graph_s, old_graph_n, old_eager_s, old_eager_n = committed.get(key, (0.0, 0, 0.0, 0))
+        if graph_n == old_graph_n and eager_n == old_eager_n:
+            continue
+        mode_value, tokens, reqs, uniform, has_lora, loras, clock = key
+        mode = CUDAGraphMode(mode_value)
+        descriptor = BatchDescriptor(
+            num_tokens=tokens, num_reqs=reqs, uniform=uniform, has_lora=has_lora, num_active_loras=loras
+        )
+        gkey = graph_key(mode, descriptor)
+        delta = window.step_times.get(gkey)
+        if delta is None:
+            delta = window.step_times[gkey] = StepTimeDelta(mode, descriptor, clock)
+        delta.graph_seconds += graph_s - old_graph_s
+        delta.graph_samples += graph_n - old_graph_n
+        delta.eager_seconds += eager_s - old_eager_s
+        delta.eager_samples += eager_n - old_eager_n
     return window
 
 

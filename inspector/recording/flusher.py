@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from capture_core.events import CaptureEvent, ViolationEvent
 from inspector.errors import DatabaseError
@@ -32,7 +32,10 @@ from inspector.recording.batch import (
     FlushBatch,
     PendingRecords,
     ReplayKey,
+    StepTimeKey,
+    StepTimeSums,
     TrafficWindow,
+    step_times_since,
     traffic_since,
 )
 from inspector.recording.losses import Losses, RunIdentity, settle
@@ -48,6 +51,14 @@ from inspector.storage.store import (
 from inspector.storage.writer import RunInfo, RunWriter, update_run
 
 log = logging.getLogger("graph_inspector.recorder")
+
+
+class Counts(NamedTuple):
+    """A copy of the engine's counters and step-time sums: what the database holds once it commits."""
+
+    replays: dict[ReplayKey, int]
+    eager: dict[EagerKey, int]
+    step_times: dict[StepTimeKey, StepTimeSums]
 
 
 class TakenOver(Exception):
@@ -92,21 +103,19 @@ class Flusher:
     apart. Every method but ``losses`` and ``take_traffic`` runs on the flush thread."""
 
     def __init__(self, url: str, info: RunInfo, max_pending: int, *, replays: dict[ReplayKey, list[int]],
-                 eager: dict[EagerKey, list[int]], captures: deque[CaptureEvent],
-                 violations: deque[ViolationEvent], arrivals: Losses, step_log: StepLog | None,
-                 since: tuple[dict[ReplayKey, int], dict[EagerKey, int]] | None = None) -> None:
+                 eager: dict[EagerKey, list[int]], step_times: dict[StepTimeKey, StepTimeSums],
+                 captures: deque[CaptureEvent], violations: deque[ViolationEvent], arrivals: Losses,
+                 step_log: StepLog | None, since: Counts | None = None) -> None:
         self.url, self.info = url, info
-        self._replays, self._eager = replays, eager
+        self._replays, self._eager, self._step_times = replays, eager, step_times
         self._captures, self._violations, self._arrivals = captures, violations, arrivals
         self.step_log = step_log
         self._rank_check = RankCheck.of(info)
         self.store: Store | None = None
         self._writer: RunWriter | None = None
         self.pending = PendingRecords(max_pending)
-        self._committed_replays: dict[ReplayKey, int] = {}
-        self._committed_eager: dict[EagerKey, int] = {}
-        if since is not None:  # a forked child's run: the counts the parent had at the fork are not its
-            self._committed_replays, self._committed_eager = since
+        # A forked child's run counts from the fork: what the parent had then is not its.
+        self._committed = since if since is not None else Counts({}, {}, {})
         self._window_start = time.time()
         self._backend: str | None = None
         self._lost = Losses()
@@ -185,9 +194,9 @@ class Flusher:
             if include_traffic:
                 if self.step_log is not None:  # before the counters: every cell taken is in them
                     steps = self.step_log.pending(self._replays, self._eager, final=ended)
-                traffic, replay_counts, eager_counts = self.take_traffic(wall)
+                traffic, counts = self.take_traffic(wall)
             else:
-                traffic, replay_counts, eager_counts = TrafficWindow(self._window_start, wall), None, None
+                traffic, counts = TrafficWindow(self._window_start, wall), None
             batch = FlushBatch(
                 captures=self.pending.captures_to_write(),
                 violations=dict(self.pending.violations),
@@ -205,7 +214,7 @@ class Flusher:
                 self._on_vanished()
             elif batch is not None and refused_as_it_is(error):
                 hold_custody()
-                self._shed(batch, (replay_counts, eager_counts), error)
+                self._shed(batch, counts, error)
             self.outage.failed(error, time.monotonic())
             return False
         # Committed, the custody held (the queues are drained on this thread only, so nothing arrived
@@ -213,9 +222,8 @@ class Flusher:
         self._recorded_losses = batch.losses
         self.pending.clear()
         self.pending.resend_graphs = False
-        if replay_counts is not None and eager_counts is not None:
-            self._committed_replays = replay_counts
-            self._committed_eager = eager_counts
+        if counts is not None:
+            self._committed = counts
             self._window_start = traffic.window_end
             if self.step_log is not None:
                 self.step_log.committed()
@@ -246,27 +254,31 @@ class Flusher:
         self.store = self._writer = None
         self.pending.resend_graphs = True
 
-    def _shed(self, batch: FlushBatch, snapshot: tuple[dict | None, dict | None], error: BaseException
-              ) -> None:
+    def _shed(self, batch: FlushBatch, counts: Counts | None, error: BaseException) -> None:
         """The database refused the batch as it is (a value it cannot store), which no retry can
         change: give up its records, or, when it had none, its traffic, so the rest gets through."""
         if batch.captures or batch.violations:
             lost, what = self.pending.shed(), "records the database refused"
-        elif snapshot[0] is not None and snapshot[1] is not None:
+        elif counts is not None:
             lost, what = Losses(), "a traffic window the database refused"
             lost.add(batch.traffic.losses())
-            self._committed_replays, self._committed_eager = snapshot  # dealt with: counted as lost
+            self._committed = counts  # dealt with: counted as lost
         else:
             return
         self._lose(lost, f"{what}: {first_line(error)}")
 
-    def take_traffic(self, wall: float) -> tuple[TrafficWindow, dict, dict]:
+    def take_traffic(self, wall: float) -> tuple[TrafficWindow, Counts]:
         """The counts since the last commit, and the snapshot to adopt if the write commits."""
-        replay_counts = {key: cell[0] for key, cell in self._replays.copy().items()}
-        eager_counts = {key: cell[0] for key, cell in self._eager.copy().items()}
+        counts = Counts(
+            {key: cell[0] for key, cell in self._replays.copy().items()},
+            {key: cell[0] for key, cell in self._eager.copy().items()},
+            self._step_times.copy(),  # tuples, replaced whole by the engine's thread: no cell to tear
+        )
         window = TrafficWindow(self._window_start, wall)
-        traffic_since(window, replay_counts, self._committed_replays, eager_counts, self._committed_eager)
-        return window, replay_counts, eager_counts
+        committed = self._committed
+        traffic_since(window, counts.replays, committed.replays, counts.eager, committed.eager)
+        step_times_since(window, counts.step_times, committed.step_times)
+        return window, counts
 
     def _lose(self, lost: Losses, what: str) -> None:
         self._lost.add(lost)
@@ -274,7 +286,7 @@ class Flusher:
                   what, f"{self.losses().events:,}")
 
     def drop_everything(self) -> None:
-        traffic, self._committed_replays, self._committed_eager = self.take_traffic(time.time())
+        traffic, self._committed = self.take_traffic(time.time())
         lost = self.pending.clear()  # the snapshot is dealt with: counted as lost, just below
         lost.add(traffic.losses())
         if self.step_log is not None:  # the order of batches counted above, not events

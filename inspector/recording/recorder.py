@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import threading
 import time
 import weakref
@@ -38,10 +39,11 @@ from capture_core.descriptor import BatchDescriptor
 from capture_core.events import CaptureEvent, FanOutObserver, NullObserver, ViolationEvent
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
+from capture_core.step_time import CLOCKS, CUDA_EVENTS
 from inspector.ranks.steps import StepLog
 from inspector.recording import forks
-from inspector.recording.batch import EagerKey, ReplayKey
-from inspector.recording.flusher import Flusher, TakenOver
+from inspector.recording.batch import EagerKey, ReplayKey, StepTimeKey, StepTimeSums
+from inspector.recording.flusher import Counts, Flusher, TakenOver
 from inspector.recording.losses import Losses
 from inspector.recording.process import describe_process
 from inspector.storage.store import resolve_url, sqlite_file
@@ -90,13 +92,14 @@ class Recorder:
         # Hot-path counters, written by the engine thread only: key -> [count].
         self._replays: dict[ReplayKey, list[int]] = {}
         self._eager: dict[EagerKey, list[int]] = {}
+        # Step-time sums, replaced whole (a tuple) by the engine's thread at each timed step.
+        self._step_times: dict[StepTimeKey, StepTimeSums] = {}
         self._begin(describe_process(label, config, rank, world_size, device, job), step_sequence)
         self._cancel_finalizer: Callable[[], None] = lambda: None
         self._late_why = "reported after close()"
         forks.track(self)
 
-    def _begin(self, info: RunInfo, step_sequence: bool | None,
-               since: tuple[dict[ReplayKey, int], dict[EagerKey, int]] | None = None) -> None:
+    def _begin(self, info: RunInfo, step_sequence: bool | None, since: Counts | None = None) -> None:
         """A run's state before its flush thread starts: at construction, and in a forked child
         (``since``: the counts at the fork, which the child's run counts from)."""
         self.info = info
@@ -111,7 +114,7 @@ class Recorder:
         self._arrival_losses = Losses()
         """Dropped by the engine's thread (queue full, or closed); the flush thread's are apart."""
         self._flusher = Flusher(self.url, self.info, self.max_pending, replays=self._replays,
-                                eager=self._eager, captures=self._capture_queue,
+                                eager=self._eager, step_times=self._step_times, captures=self._capture_queue,
                                 violations=self._violation_queue, arrivals=self._arrival_losses,
                                 step_log=self.step_log, since=since)
         """The flush thread's state, and its writes."""
@@ -126,6 +129,7 @@ class Recorder:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._warned_step_time = False
         self._finished = False
         """The flush thread is done, or close() took over from it: every count not written since is
         lost after close()."""
@@ -169,6 +173,34 @@ class Recorder:
         steps = self._steps
         if steps is not None:
             steps.append(cell)
+
+    def on_step_time(
+        self,
+        mode: CUDAGraphMode,
+        descriptor: BatchDescriptor,
+        graph_seconds: float | None,
+        eager_seconds: float | None,
+        samples: int = 1,
+        clock: str = CUDA_EVENTS,
+    ) -> None:
+        """Timed steps (sampled ones only, never the common replay): added to the graph key's sums,
+        written as running totals with the next window. A value that is no time (negative, not
+        finite, a sample count below 1, an unknown clock) is left out, and logged once."""
+        if not _step_time_ok(graph_seconds, eager_seconds, samples, clock):
+            if not self._warned_step_time:
+                self._warned_step_time = True
+                log.warning("graph-inspector recorder: left out a step time that is no time: graph %r, "
+                            "eager %r, samples %r, clock %r (logged once)", graph_seconds, eager_seconds,
+                            samples, clock)
+            return
+        key = (mode._value_, descriptor.num_tokens, descriptor.num_reqs, descriptor.uniform,
+               descriptor.has_lora, descriptor.num_active_loras, clock)
+        graph_s, graph_n, eager_s, eager_n = self._step_times.get(key, (0.0, 0, 0.0, 0))
+        if graph_seconds is not None:
+            graph_s, graph_n = graph_s + graph_seconds * samples, graph_n + samples
+        if eager_seconds is not None:
+            eager_s, eager_n = eager_s + eager_seconds * samples, eager_n + samples
+        self._step_times[key] = (graph_s, graph_n, eager_s, eager_n)
 
     def on_dp_coordination(self, coordination: Any) -> None:
         """``coordinate_batch_across_dp(..., observer=recorder)`` calls this once per step, after the
@@ -402,8 +434,8 @@ class Recorder:
             self._begin(describe_process(label, config, rank, world_size, device, job), step_sequence)
             return
         # A child is not the rank or the job its parent is; its run counts from the fork.
-        since = ({key: cell[0] for key, cell in self._replays.items()},
-                 {key: cell[0] for key, cell in self._eager.items()})
+        since = Counts({key: cell[0] for key, cell in self._replays.items()},
+                       {key: cell[0] for key, cell in self._eager.items()}, self._step_times.copy())
         self._begin(describe_process(label, config, None, None, device, ""), False, since)
         if quiesced:
             old.let_go_after_fork()
@@ -434,6 +466,13 @@ class Recorder:
             "a Recorder records the process that started it and cannot be pickled into another: start one "
             "in the spawned process (a forked child carries its parent's recorders over)"
         )
+
+
+def _step_time_ok(graph_seconds: float | None, eager_seconds: float | None, samples: int, clock: str) -> bool:
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1 or clock not in CLOCKS:
+        return False
+    given = [value for value in (graph_seconds, eager_seconds) if value is not None]
+    return bool(given) and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in given)
 
 
 _closed_recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()

@@ -235,6 +235,34 @@ class ReplayTotal(DescriptorColumns, Base):
     )
 
 
+class StepTime(DescriptorColumns, Base):
+    """Timed steps of one graph key in one run: sums and sample counts, bumped like ``ReplayTotal``.
+
+    ``graph_*`` are the graph's sampled replays, ``eager_*`` the same step run without a graph (the
+    canary's eager steps; for mode ``none``, the eager fallbacks of that many real tokens), timed as
+    ``clock`` says (``cuda_events`` or ``host_clock``: see ``capture_core.step_time``).
+    """
+
+    __tablename__ = "step_times"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="SET NULL"), nullable=True)
+    clock: Mapped[str] = mapped_column(String(16))
+    graph_samples: Mapped[int] = mapped_column(BigInteger, default=0)
+    graph_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    """The sum over the graph's timed replays."""
+    eager_samples: Mapped[int] = mapped_column(BigInteger, default=0)
+    eager_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    """The sum over the timed eager steps of the same size."""
+    updated_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        UniqueConstraint("run_id", "mode", "descriptor_key"),
+        Index(None, "graph_id"),
+    )
+
+
 class EagerTotal(Base):
     """Running totals of one run's eager batches per reason and mode (see ReplayTotal for why)."""
 

@@ -203,18 +203,21 @@ class KnownTotals:
     replays: set[GraphKey] = field(default_factory=set)
     eager: set[tuple[str, str]] = field(default_factory=set)
     """(reason, mode label)."""
+    step_times: set[GraphKey] = field(default_factory=set)
 
     def update(self, other: KnownTotals) -> None:
         self.replays |= other.replays
         self.eager |= other.eager
+        self.step_times |= other.step_times
 
     @classmethod
     def of_run(cls, conn: Connection, run_id: int) -> KnownTotals:
         """The running totals ``run_id`` has now (for a writer that takes over an existing run)."""
-        r, e = models.ReplayTotal, models.EagerTotal
+        r, e, t = models.ReplayTotal, models.EagerTotal, models.StepTime
         replays = conn.execute(select(r.mode, r.descriptor_key).where(r.run_id == run_id))
         eager = conn.execute(select(e.reason, e.mode).where(e.run_id == run_id))
-        return cls({tuple(row) for row in replays}, {tuple(row) for row in eager})
+        timed = conn.execute(select(t.mode, t.descriptor_key).where(t.run_id == run_id))
+        return cls(*({tuple(row) for row in rows} for rows in (replays, eager, timed)))
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,10 @@ REPLAY_TOTALS = _TotalsTable(
     latest=("graph_id",),
 )
 EAGER_TOTALS = _TotalsTable(models.EagerTotal, ("reason", "mode"), ("batches", "num_real_tokens"))
+STEP_TIMES = _TotalsTable(
+    models.StepTime, ("mode", "descriptor_key"),
+    ("graph_seconds", "graph_samples", "eager_seconds", "eager_samples"), latest=("graph_id", "clock"),
+)
 
 
 def append_traffic(
@@ -243,11 +250,13 @@ def append_traffic(
     now: float,
 ) -> KnownTotals:
     """Append the windows' rows (replay windows, eager fallbacks, batch-size counts) and add them to
-    the run's running totals: a few executemany statements however many windows. Returns the
-    running-total keys it created (known to exist once the transaction commits)."""
+    the run's running totals (their step times too, which have totals only): a few executemany
+    statements however many windows. Returns the running-total keys it created (known to exist once
+    the transaction commits)."""
     replay_rows, eager_rows, size_rows = [], [], []
     replay_sums: dict[tuple, dict[str, Any]] = {}
     eager_sums: dict[tuple, dict[str, Any]] = {}
+    step_sums: dict[tuple, dict[str, Any]] = {}
     described: dict[GraphKey, dict[str, Any]] = {}
     for window in windows:
         span = {"run_id": run_id, "window_start": window.window_start, "window_end": window.window_end}
@@ -273,6 +282,14 @@ def append_traffic(
             {"run_id": run_id, "window_start": window.window_start, "num_real_tokens": n, "batches": batches}
             for n, batches in sorted(window.batch_sizes.items())
         ]
+        for key, timed in window.step_times.items():
+            columns = descriptor_values(timed.mode, timed.descriptor) | {
+                "graph_id": graph_ids.get(key), "clock": timed.clock,
+            }
+            _add_counts(step_sums, key, columns, {
+                "graph_seconds": timed.graph_seconds, "graph_samples": timed.graph_samples,
+                "eager_seconds": timed.eager_seconds, "eager_samples": timed.eager_samples,
+            })
     for model, rows in (
         (models.ReplayWindow, replay_rows),
         (models.EagerFallback, eager_rows),
@@ -283,10 +300,13 @@ def append_traffic(
     return KnownTotals(
         _add_to_totals(conn, REPLAY_TOTALS, run_id, replay_sums, known.replays, now),
         _add_to_totals(conn, EAGER_TOTALS, run_id, eager_sums, known.eager, now),
+        _add_to_totals(conn, STEP_TIMES, run_id, step_sums, known.step_times, now),
     )
 
 
-def _add_counts(sums: dict[tuple, dict[str, Any]], key: tuple, columns: dict, counts: dict[str, int]) -> None:
+def _add_counts(
+    sums: dict[tuple, dict[str, Any]], key: tuple, columns: dict, counts: dict[str, float]
+) -> None:
     """Sum ``counts`` per key (a key's other columns are the same in every window of one call)."""
     found = sums.get(key)
     if found is None:

@@ -23,6 +23,8 @@ class RecordingObserver:
     replays: list[tuple[CUDAGraphMode, BatchDescriptor, int]] = field(default_factory=list)
     eagers: list[tuple[EagerReason, int, CUDAGraphMode]] = field(default_factory=list)
     violations: list[ViolationEvent] = field(default_factory=list)
+    step_times: list[tuple[CUDAGraphMode, BatchDescriptor, float | None, float | None, int, str]] = field(
+        default_factory=list)
 
     def on_capture(self, event: CaptureEvent) -> None:
         self.captures.append(event)
@@ -35,6 +37,10 @@ class RecordingObserver:
 
     def on_violation(self, event: ViolationEvent) -> None:
         self.violations.append(event)
+
+    def on_step_time(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, graph_seconds: float | None,
+                     eager_seconds: float | None, samples: int = 1, clock: str = "cuda_events") -> None:
+        self.step_times.append((mode, descriptor, graph_seconds, eager_seconds, samples, clock))
 
 
 @pytest.fixture

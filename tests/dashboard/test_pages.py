@@ -51,6 +51,23 @@ def test_graphs_table_links_every_graph_and_labels_the_eager_backend(
     assert 'class="badge ubatch"' not in page(client, f"/graphs?run={seeded['cuda_run']}&mode=piecewise")
 
 
+def test_graph_pages_show_what_each_graph_is_worth_and_mark_the_one_slower_than_eager(
+    client: FlaskClient, seeded: dict[str, int]
+) -> None:
+    run = seeded["cuda_run"]
+    (paying,) = client.get(f"/api/graphs?run={run}&mode=full&size=128").get_json()["data"]["items"]
+    html = page(client, f"/graphs/{paying['id']}")
+    assert 'id="step-time"' in html and "x3.83" in html and "556.0 us" in html  # 2.128 ms / 0.556 ms
+    assert "mean of 3 timed replays" in html and "mean of 2 canary steps" in html
+    assert 'data-mark="' not in html
+    (slow,) = client.get(f"/api/graphs?run={run}&mode=full&size=152").get_json()["data"]["items"]
+    assert [m["mark"] for m in slow["step_time"]["marks"]] == ["not_faster", "capture_not_repaid"]
+    assert 'data-mark="not_faster"' in page(client, f"/graphs/{slow['id']}")
+    listed = page(client, f"/graphs?run={run}&mode=full&sort=size&order=asc&per_page=100")
+    assert "x0.83" in listed and "its replay is not faster" in listed  # 0.504 ms eager / 0.604 ms
+    assert "Not timed yet" in page(client, f"/graphs/{seeded['eager_graph']}")
+
+
 def test_graph_page_shows_inputs_in_hex_and_its_violation(
     client: FlaskClient, seeded: dict[str, int]
 ) -> None:

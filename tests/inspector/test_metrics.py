@@ -19,7 +19,8 @@ from inspector.storage.store import open_store
 from inspector.storage.writer import record_compile_event
 from inspector.watch.watcher import CompileEvent, CompileEventKind
 
-ALLOWED_LABELS = {"mode", "captured_size", "reason", "kind", "state"}
+ALLOWED_LABELS = {"mode", "captured_size", "reason", "kind", "state", "path", "mark"}
+"""Small fixed sets: path is graph or eager, mark is not_faster or capture_not_repaid."""
 
 
 def _registry(url: str) -> CollectorRegistry:
