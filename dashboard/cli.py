@@ -267,8 +267,17 @@ def _add_advise(commands: argparse._SubParsersAction) -> None:
                              "largest batch) or sizes such as 1,2,4,8 (default: the sizes the runs captured; "
                              "vllm with --trace)")
     parser.add_argument("--step-times", metavar="CSV",
-                        help="weigh padding by measured step time: a CSV of size,seconds rows (padding at "
-                             "a size that is cheap to run costs little)")
+                        help="weigh padding by these step times, a CSV of size,seconds rows, instead of "
+                             "the ones the runs recorded (a trace has none: without this, padding is "
+                             "counted in tokens)")
+    limits.add_argument("--include", metavar="SIZES",
+                        help="sizes every advised set must hold, such as 1,2 (they count towards "
+                             "--max-graphs)")
+    limits.add_argument("--lone-request-slack", type=bounded(float, "percent", 0, 1000), default=5.0,
+                        metavar="PERCENT",
+                        help="with step times: a lone request's step may be at most this much slower "
+                             "than its best, a graph of size 1 (default 5); the smallest size is held "
+                             "down to keep it so")
     parser.add_argument("--format", choices=("text", "json"), default="text",
                         help="output format (default text)")
 

@@ -10,8 +10,8 @@ advice can say what it assumed:
   largest size (activations grow with the token count), plus the median growth of a smaller
   size for every other size.
 
-And an optional step cost per token count from measured step times, to weigh padding by what it
-costs (``StepTimes``).
+And a step cost per token count from measured step times, to weigh padding by what it costs
+(``StepTimes``): the graph replay times a run recorded (``capture_core.step_time``), or a CSV.
 """
 
 from __future__ import annotations
@@ -137,13 +137,23 @@ class StepTimes:
             raise ValueError(f"{path}: cannot read the step times: {error.strerror or error}") from None
         if not rows:
             raise ValueError(f"{path}: no step times (rows of size,seconds)")
-        rows.sort()
-        sizes, seconds = [], []
-        for size, value in rows:
+        try:
+            return cls.of(rows)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+
+    @classmethod
+    def of(cls, points: Iterable[tuple[int, float]]) -> StepTimes:
+        """From ``(size, seconds)`` points, in any order (each size once)."""
+        sizes: list[int] = []
+        seconds: list[float] = []
+        for size, value in sorted(points):
             if size < 1 or value < 0 or (sizes and size == sizes[-1]):
-                raise ValueError(f"{path}: sizes must be positive and distinct, seconds not negative")
+                raise ValueError("sizes must be positive and distinct, seconds not negative")
             sizes.append(size)
             seconds.append(max(value, seconds[-1]) if seconds else value)
+        if not sizes:
+            raise ValueError("no step times")
         return cls(tuple(sizes), tuple(seconds))
 
     def __call__(self, n: int) -> float:

@@ -2,7 +2,11 @@
 
 ``advise`` takes the observed histogram and the current capture sizes, works out how many sizes
 may be captured (``max_graphs``, and the capture-time and memory budgets through the recorded cost
-model), picks the optimal set for that count and projects both sets on the same histogram.
+model), picks the optimal set for that count, padding weighed as ``weighing`` says (step time where
+recorded, else tokens), with the sizes ``include`` forces in and, weighed by time, the smallest size
+held down so a lone request stays within ``LONE_REQUEST_SLACK`` of its best step; and compares it
+with the current sizes: as recorded (``current``, the Overview's figures for the same runs) or
+projected on the same histogram.
 """
 
 from __future__ import annotations
@@ -11,7 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from inspector.advice.costs import CostModel
-from inspector.advice.sizes import Histogram, Projection, StepCost, best_choices, project, tokens
+from inspector.advice.sizes import Histogram, Projection, best_choices, project
+from inspector.advice.weighing import (
+    LONE_REQUEST_SLACK,
+    LoneRequest,
+    Weighing,
+    lone_request,
+    lone_request_limit,
+    modelled_seconds,
+)
 from inspector.errors import UsageError
 
 CURVE_GRAPHS = 128
@@ -35,11 +47,23 @@ class Advice:
     curve: tuple[Projection, ...]
     """The best set for each graph count 1..N, projected: the waste-against-graphs curve."""
     costs: CostModel | None
-    weighed_by_step_time: bool
+    weighing: Weighing
+    included: tuple[int, ...] = ()
+    """Sizes forced into the advice (``--include``)."""
+    current_recorded: bool = False
+    """``current`` is what the runs recorded (the Overview's figures), not a projection."""
+    lone_request: LoneRequest | None = None
+    current_seconds: float | None = None
+    advised_seconds: float | None = None
+    """The modelled step time of the batches each set replays, summed (weighed by time only)."""
 
     @property
     def sizes(self) -> tuple[int, ...]:
         return self.advised.capture_sizes
+
+    @property
+    def weighed_by_step_time(self) -> bool:
+        return self.weighing.by_time
 
 
 def advise(
@@ -52,10 +76,15 @@ def advise(
     memory_budget_bytes: float | None = None,
     max_size: int | None = None,
     costs: CostModel | None = None,
-    step_cost: StepCost | None = None,
+    weighing: Weighing | None = None,
+    include: Sequence[int] = (),
+    lone_request_slack: float = LONE_REQUEST_SLACK,
+    current: Projection | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Advice:
-    """Advise capture sizes for ``histogram``; ``UsageError`` for what cannot be advised, and why."""
+    """Advise capture sizes for ``histogram``; ``UsageError`` for what cannot be advised, and why.
+
+    ``current``: the current sizes' traffic as recorded (else it is projected on the histogram)."""
     if not histogram.total:
         raise UsageError(f"{source}: no batches recorded, so there is nothing to advise on")
     if not current_sizes:
@@ -68,21 +97,46 @@ def advise(
     if (capture_time_budget is not None or memory_budget_bytes is not None) and costs is None:
         raise UsageError("a capture-time or memory budget needs the capture costs a run recorded: "
                          "advise from --db, not --trace")
+    beyond = sorted(size for size in set(include) if size > top)
+    if beyond:
+        raise UsageError(f"--include {beyond[0]} is above the largest size advised ({top}); raise --max-size "
+                         "or leave it out")
+    weighing = weighing or Weighing.by_tokens("no step times given")
     graphs, bounded_by = _graph_count(top, current_sizes, max_graphs, capture_time_budget,
                                       memory_budget_bytes, costs)
-    choices = best_choices(histogram, top, max(graphs, CURVE_GRAPHS), step_cost or tokens, progress)
-    chosen = choices[min(graphs, len(choices)) - 1]
+    best, within, held = None, top, False
+    if weighing.by_time:
+        best, within = lone_request_limit(weighing.cost, top, lone_request_slack)
+        # Hold the smallest size down unless every size keeps it so, or no batch that small was seen.
+        held = within < top and histogram.sizes[0] <= within
+    try:
+        choices = best_choices(histogram, top, max(graphs, CURVE_GRAPHS), weighing.cost, progress,
+                               forced=include, smallest_at_most=within if held else None)
+    except ValueError as error:
+        raise UsageError(f"cannot advise {graphs} sizes: {error}") from None
+    fewest = choices[0].graphs
+    if graphs < fewest:
+        graphs, bounded_by = fewest, f"the sizes that must be in ({fewest})"
+    chosen = choices[min(graphs - fewest, len(choices) - 1)]
+    advised = project(histogram, chosen.sizes)
+    timed = weighing.by_time
     return Advice(
         histogram=histogram,
         source=source,
         max_size=top,
         graphs=chosen.graphs,
         bounded_by=bounded_by if chosen.graphs == graphs else f"every candidate size ({chosen.graphs})",
-        current=project(histogram, current_sizes),
-        advised=project(histogram, chosen.sizes),
+        current=current if current is not None else project(histogram, current_sizes),
+        advised=advised,
         curve=tuple(project(histogram, c.sizes) for c in choices),
         costs=costs,
-        weighed_by_step_time=step_cost is not None,
+        weighing=weighing,
+        included=tuple(sorted(set(include))),
+        current_recorded=current is not None,
+        lone_request=(None if best is None else
+                      lone_request(weighing, chosen.sizes, best, within, lone_request_slack, held)),
+        current_seconds=modelled_seconds(histogram, current_sizes, weighing) if timed else None,
+        advised_seconds=modelled_seconds(histogram, chosen.sizes, weighing) if timed else None,
     )
 
 

@@ -1,7 +1,9 @@
 """What a recorded database says for the advice: the batch-size histogram of one or more runs (ranks
 pooled), the graphs start-up captured (their sizes are the current configuration; their capture
-time and pool memory feed the cost model) and, where a run's configuration says, the engine's
-largest batch. Read through ``inspector.reading.queries`` only, as the dashboard reads it.
+time and pool memory feed the cost model), the traffic they met as the Overview shows it (the
+current sizes' figures), the step times they recorded (what padding is weighed by) and, where a
+run's configuration says, the engine's largest batch. Read through ``inspector.reading.queries`` only, as
+the dashboard reads it.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.advice.costs import CostModel
-from inspector.advice.sizes import Histogram
+from inspector.advice.sizes import Histogram, Projection
+from inspector.advice.weighing import RecordedStepTime, Weighing, recorded_weighing
 from inspector.errors import UsageError
 from inspector.reading.queries import Queries
+from inspector.reading.traffic import TrafficTotals
 
 EVERY = 1_000_000
 """A page size that holds every run or graph of one database."""
@@ -31,6 +35,10 @@ class RecordedTraffic:
     capture_sizes: tuple[int, ...]
     costs: CostModel | None
     engine_max: int | None
+    weighing: Weighing | None = None
+    """Padding weighed by the recorded step times (or by tokens, saying why); None for a trace."""
+    current: Projection | None = None
+    """The current sizes' traffic as recorded (the Overview's figures for the same runs)."""
 
 
 def read_recorded(queries: Queries, run_ids: Sequence[int] | None, source: str) -> RecordedTraffic:
@@ -55,13 +63,20 @@ def read_recorded(queries: Queries, run_ids: Sequence[int] | None, source: str) 
     recorded = queries.start_up_graphs(None if run_ids is None else chosen)
     limits = [limit for run_id in chosen if (limit := _engine_limit(runs[run_id]["config"])) is not None]
     what = f"run {chosen[0]}" if len(chosen) == 1 else f"{len(chosen)} runs pooled"
+    scope = None if run_ids is None else chosen
+    points, clocks = queries.step_times_by_size(scope)
+    traffic, by_size = queries.recorded_traffic(scope)
+    sizes = tuple(sorted({g.captured_size for g in recorded}))
+    replayed = tuple(sorted(set(sizes) | set(by_size)))
     return RecordedTraffic(
         run_ids=tuple(chosen),
         source=f"{source} ({what})" if chosen else source,
         histogram=histogram,
-        capture_sizes=tuple(sorted({g.captured_size for g in recorded})),
+        capture_sizes=sizes,
         costs=CostModel.fit(recorded) if recorded else None,
         engine_max=max(limits) if limits else None,
+        weighing=recorded_weighing([RecordedStepTime(*point) for point in points], clocks),
+        current=Projection(replayed, traffic, tuple(by_size.get(size, TrafficTotals()) for size in replayed)),
     )
 
 

@@ -55,6 +55,12 @@ def as_dict(advice: Advice) -> dict[str, Any]:
         "graphs": advice.graphs,
         "bounded_by": advice.bounded_by,
         "weighed_by_step_time": advice.weighed_by_step_time,
+        "weighed_by": advice.weighing.says,
+        "included": list(advice.included),
+        "current_recorded": advice.current_recorded,
+        "modelled_step_seconds": None if advice.advised_seconds is None else {
+            "current": advice.current_seconds, "advised": advice.advised_seconds},
+        "lone_request": None if advice.lone_request is None else _lone_request(advice),
         "current": _projection(advice.current, advice),
         "advised": _projection(advice.advised, advice),
         "curve": [{"graphs": len(p.capture_sizes), "padding_tokens": p.traffic.padding_tokens,
@@ -64,11 +70,27 @@ def as_dict(advice: Advice) -> dict[str, Any]:
     }
 
 
+def _lone_request(advice: Advice) -> dict[str, Any]:
+    lone = advice.lone_request
+    assert lone is not None
+    return {"padded_to": lone.advised_size, "step_seconds": lone.advised_seconds,
+            "best_seconds": lone.best_seconds, "over_best": lone.over_best, "slack": lone.slack,
+            "within_slack_up_to": lone.limit, "held": lone.held, "eager_seconds": lone.eager_seconds}
+
+
 def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
 CURVE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _recorded(advice: Advice) -> str:
+    return ", as recorded" if advice.current_recorded else ""
+
+
+def _change(before: float, after: float) -> str:
+    return "no change" if before <= 0 else f"{100 * (after / before - 1):+.1f}%"
 
 
 def render_text(advice: Advice) -> str:
@@ -80,7 +102,7 @@ def render_text(advice: Advice) -> str:
         f"  advised sizes    {', '.join(map(str, advice.sizes))}",
         f"  graph count      {advice.graphs}, set by {advice.bounded_by}; every batch up to "
         f"{advice.max_size} tokens replays",
-        f"  {'':<17}{f'current ({len(advice.current.capture_sizes)} sizes)':<26}"
+        f"  {'':<17}{f'current ({len(advice.current.capture_sizes)} sizes{_recorded(advice)})':<26}"
         f"advised ({advice.graphs} sizes)",
     ]
     rows = [
@@ -89,6 +111,11 @@ def render_text(advice: Advice) -> str:
         ("hit ratio", _percent(now.hit_ratio), _percent(new.hit_ratio)),
         ("eager batches", f"{now.eager_batches:,}", f"{new.eager_batches:,}"),
     ]
+    if advice.advised_seconds is not None:
+        now_s = advice.current_seconds
+        change = "" if now_s is None else f" ({_change(now_s, advice.advised_seconds)})"
+        rows.append(("step time", "n/a (eager, untimed)" if now_s is None else f"{now_s:,.3f} s",
+                     f"{advice.advised_seconds:,.3f} s{change}, modelled"))
     if advice.costs is not None:
         costs = advice.costs
         current, advised = advice.current.capture_sizes, advice.sizes
@@ -100,8 +127,11 @@ def render_text(advice: Advice) -> str:
     points = [p for p in advice.curve if len(p.capture_sizes) in CURVE_POINTS or p is advice.curve[-1]]
     curve = ", ".join(f"{len(p.capture_sizes)}: {_percent(p.traffic.padding_waste)}" for p in points)
     lines.append(f"  waste by graphs  {curve}")
-    if advice.weighed_by_step_time:
-        lines.append("  (padding weighed by the measured step time per size, not counted in tokens)")
+    lines.append(f"  weighed by       {advice.weighing.says}")
+    if advice.included:
+        lines.append(f"  included         {', '.join(map(str, advice.included))} (--include)")
+    if advice.lone_request is not None:
+        lines.append(f"  lone request     {advice.lone_request.describe()}")
     if advice.costs is not None:
         lines += [f"  cost model       {line}" for line in advice.costs.describe()]
     lines.append("paste:")

@@ -16,6 +16,12 @@ a layer in O(m log m); every ``K`` up to the largest asked comes out of one pass
 Padding can be weighed by what it costs rather than counted: ``step_cost(n)`` is the cost of a
 step at ``n`` tokens (the token count itself by default; a measured step time makes three padding
 tokens at 4 cheap and at 200 dear). The cost must not fall as ``n`` grows, which keeps the inequality.
+
+Sizes can be forced in (``forced``): each is a candidate, and no run may pad across one (a run that
+holds a forced size ends at it). A run across one costs infinity; that keeps the inequality too (a
+run that spans another spans what it spans), and an end no run can reach yet searches every start.
+Likewise ``smallest_at_most``: the first run (the smallest size) must end at or below it, so that
+the smallest batches pad no further than that.
 """
 
 from __future__ import annotations
@@ -116,20 +122,38 @@ def best_choices(
     max_graphs: int,
     step_cost: StepCost = tokens,
     progress: Callable[[int, int], None] | None = None,
+    forced: Iterable[int] = (),
+    smallest_at_most: int | None = None,
 ) -> list[Choice]:
-    """The optimal set for every graph count 1..``max_graphs`` (fewer where fewer candidates exist).
+    """The optimal set for every graph count from the fewest that hold every ``forced`` size (and
+    ``max_size``) to ``max_graphs`` (fewer where fewer candidates exist).
 
-    Every set holds ``max_size``; batches above it are left out (they run eagerly whatever is
-    captured). ``progress(done, total)`` is told after each layer.
+    Every set holds ``max_size`` and the ``forced`` sizes; batches above ``max_size`` are left out
+    (they run eagerly whatever is captured). ``progress(done, total)`` is told after each layer.
     """
     if max_size < 1 or max_graphs < 1:
         raise ValueError("max_size and max_graphs must be positive")
-    candidates = [s for s in histogram.sizes if s <= max_size]
-    counts = [n for s, n in zip(histogram.sizes, histogram.batches, strict=True) if s <= max_size]
-    if not candidates or candidates[-1] != max_size:
-        candidates.append(max_size)
-        counts.append(0)
+    kept = sorted({s for s in forced if s < max_size})
+    if kept and kept[0] < 1:
+        raise ValueError("forced sizes must be positive")
+    counts_of = {s: n for s, n in zip(histogram.sizes, histogram.batches, strict=True) if s <= max_size}
+    candidates = sorted({*counts_of, *kept, max_size})
+    counts = [counts_of.get(s, 0) for s in candidates]
     m = len(candidates)
+    # prefix count of forced candidates: a run start..end-1 may hold one only as its last member.
+    forced_set = set(kept)
+    forced_before = [0] * (m + 1)
+    for j, size in enumerate(candidates):
+        forced_before[j + 1] = forced_before[j] + (size in forced_set)
+    limit = max_size if smallest_at_most is None else smallest_at_most
+    if limit < candidates[0]:
+        raise ValueError(f"no candidate size is at or below {limit}, the smallest size allowed")
+    needs_small = limit < min(kept[:1] or [max_size])
+    fewest = len(kept) + 1 + needs_small
+    if max_graphs < fewest:
+        what = [f"{len(kept)} forced size(s)"] * bool(kept) + [f"a size at or below {limit}"] * needs_small
+        raise ValueError(f"{' and '.join([*what, 'the largest size'])} need {fewest} graphs, more than "
+                         f"the {max_graphs} allowed")
     price = [step_cost(s) for s in candidates]
     if any(b < a for a, b in itertools.pairwise(price)):
         raise ValueError("the step cost must not fall as the token count grows")
@@ -139,15 +163,18 @@ def best_choices(
         batches[j + 1] = batches[j] + counts[j]
         weighted[j + 1] = weighted[j] + counts[j] * price[j]
 
+    inf = float("inf")
+
     def run_cost(start: int, end: int) -> float:
-        """Candidates ``start..end-1`` padded up to ``candidates[end-1]``."""
+        """Candidates ``start..end-1`` padded up to ``candidates[end-1]`` (infinite across a forced one)."""
+        if forced_before[end - 1] != forced_before[start]:
+            return inf
         return price[end - 1] * (batches[end] - batches[start]) - (weighted[end] - weighted[start])
 
     layers = min(max_graphs, m)
-    inf = float("inf")
     best = [inf] * (m + 1)  # best[end]: candidates[:end] in k runs, the last ending at end - 1
     for end in range(1, m + 1):
-        best[end] = run_cost(0, end)
+        best[end] = run_cost(0, end) if candidates[end - 1] <= limit else inf
     splits: list[list[int]] = [[0] * (m + 1)]
     finals = [best[m]]
     for k in range(2, layers + 1):
@@ -156,7 +183,7 @@ def best_choices(
         finals.append(best[m])
         if progress is not None:
             progress(k, layers)
-    return [Choice(k, _sizes_of(splits, k, m, candidates), finals[k - 1]) for k in range(1, layers + 1)]
+    return [Choice(k, _sizes_of(splits, k, m, candidates), finals[k - 1]) for k in range(fewest, layers + 1)]
 
 
 def _next_layer(
@@ -176,8 +203,9 @@ def _next_layer(
         if lo > hi:
             continue
         mid = (lo + hi) // 2
-        value, where = inf, first
-        for start in range(first, min(mid - 1, last) + 1):
+        top = min(mid - 1, last)
+        value, where = inf, top  # no finite start (forced sizes not yet reachable): leave every start open
+        for start in range(first, top + 1):
             candidate = previous[start] + run_cost(start, mid)
             if candidate < value:
                 value, where = candidate, start

@@ -1,10 +1,12 @@
 """`graph-inspector advise`: the capture sizes your traffic wants, and the lines to paste.
 
 The traffic is what a database recorded (``--db``, every run or ``--run`` ones pooled: the batch
-sizes of every step, replayed or eager, and the graphs start-up captured, which are the current
-configuration and the capture costs), or a CSV of requests replayed through the reference
-continuous-batching scheduler (``--trace``). The advice compares the advised sizes with the
-current ones on that same histogram.
+sizes of every step, replayed or eager, the graphs start-up captured, which are the current
+configuration and the capture costs, and the step times the runs recorded, which padding is weighed
+by), or a CSV of requests replayed through the reference continuous-batching scheduler
+(``--trace``, padding counted in tokens unless ``--step-times`` gives a time per size). The advice
+compares the advised sizes with the current ones: as the runs recorded them, or projected on the
+same histogram (a trace, or ``--current``).
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ def run(args: argparse.Namespace) -> int:
     from inspector.advice.costs import StepTimes
     from inspector.advice.recommend import CURVE_GRAPHS, advise
     from inspector.advice.render import as_dict, render_text
+    from inspector.advice.weighing import Weighing
     from inspector.errors import UsageError
 
-    step_cost = None
+    include = _sizes_option("--include", args.include) if args.include is not None else []
+    traffic = _trace_traffic(args) if args.trace is not None else _recorded(args)
+    weighing = traffic.weighing or Weighing.by_tokens("a trace records no step times (give --step-times)")
     if args.step_times is not None:
         try:
-            step_cost = StepTimes.read(args.step_times)
+            weighing = Weighing.from_csv(StepTimes.read(args.step_times), args.step_times)
         except ValueError as error:
             raise UsageError(f"--step-times: {error}") from None
-    traffic = _trace_traffic(args) if args.trace is not None else _recorded(args)
     histogram, engine_max = traffic.histogram, traffic.engine_max
     if args.max_size is not None and engine_max is not None and args.max_size > engine_max:
         where = "--max-num-seqs" if args.trace is not None else "the runs' configuration"
@@ -48,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
             histogram, current, source=traffic.source, max_graphs=args.max_graphs,
             capture_time_budget=args.capture_time_budget,
             memory_budget_bytes=None if args.memory_budget is None else args.memory_budget * 2**20,
-            max_size=args.max_size, costs=traffic.costs, step_cost=step_cost, progress=progress,
+            max_size=args.max_size, costs=traffic.costs, weighing=weighing, include=include,
+            lone_request_slack=args.lone_request_slack / 100,
+            current=traffic.current if args.current is None else None, progress=progress,
         )
     if args.format == "json":
         sys.stdout.write(json.dumps(as_dict(advice), indent=2) + "\n")
@@ -102,15 +108,21 @@ PACKAGED_TRACE = "packaged"
 def _current_sizes(spec: str, largest: int) -> list[int]:
     """``pow2``, ``vllm`` (up to ``largest``) or a comma-separated list of sizes."""
     from capture_core.sizes import capture_sizes
-    from inspector.errors import UsageError
 
     if spec in ("pow2", "vllm"):
         return capture_sizes(spec, largest)
+    return _sizes_option("--current", spec, "pow2, vllm or ")
+
+
+def _sizes_option(option: str, spec: str, also: str = "") -> list[int]:
+    """A comma-separated list of sizes (``UsageError`` naming ``option`` for anything else)."""
+    from inspector.errors import UsageError
+
     parts = [part.strip() for part in spec.split(",") if part.strip()]
     wrong = next((part for part in parts if not part.isdigit() or int(part) < 1), None)
     if wrong is not None or not parts:
         what = f"{wrong!r} is not a size" if wrong is not None else "no sizes"
-        raise UsageError(f"--current {spec!r}: {what}; give pow2, vllm or sizes such as 1,2,4,8")
+        raise UsageError(f"{option} {spec!r}: {what}; give {also}sizes such as 1,2,4,8")
     return sorted({int(part) for part in parts})
 
 

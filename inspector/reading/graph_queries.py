@@ -14,8 +14,8 @@ from inspector.reading import fields
 from inspector.reading.graph_worth import graph_worth
 from inspector.reading.listing import VIOLATION_ORDER, Page, equal, page_of
 from inspector.reading.run_queries import RunQueries
-from inspector.reading.traffic import TrafficTotals, integer_sum, replay_totals
-from inspector.storage.models import Graph, ReplayTotal, ReplayWindow, Violation
+from inspector.reading.traffic import TrafficTotals, integer_sum, replay_totals, run_traffic
+from inspector.storage.models import Graph, ReplayTotal, ReplayWindow, StepTime, Violation
 
 GRAPH_SORTS = {
     "id": Graph.id,
@@ -81,6 +81,33 @@ class GraphQueries(RunQueries):
                 RecordedGraph(captured_size=int(size), capture_seconds=float(seconds), pool_bytes=int(pool))
                 for size, seconds, pool in session.execute(query.order_by(Graph.id))
             ]
+
+    def step_times_by_size(
+        self, run_ids: Sequence[int] | None = None
+    ) -> tuple[list[tuple[int, float, int, float, int]], list[str]]:
+        """Per size, the runs' (every run when None) timed steps summed: (size, graph seconds, graph
+        samples, eager seconds, eager samples), by captured size (an eager fallback's: its real
+        tokens); and the clocks that timed them."""
+        t = StepTime
+        scope = [] if run_ids is None else [t.run_id.in_(run_ids)]
+        with self._session() as session:
+            rows = session.execute(
+                select(t.captured_size, func.sum(t.graph_seconds), integer_sum(t.graph_samples),
+                       func.sum(t.eager_seconds), integer_sum(t.eager_samples))
+                .where(*scope).group_by(t.captured_size).order_by(t.captured_size)
+            ).all()
+            clocks = sorted(session.scalars(select(t.clock).where(*scope).distinct()))
+        return [(int(size), float(gs or 0), int(gn or 0), float(es or 0), int(en or 0))
+                for size, gs, gn, es, en in rows], clocks
+
+    def recorded_traffic(
+        self, run_ids: Sequence[int] | None = None
+    ) -> tuple[TrafficTotals, dict[int, TrafficTotals]]:
+        """The runs' (every run when None) traffic as the Overview reads it, in all and per captured
+        size (every mode of a size together)."""
+        with self._session() as session:
+            by_size = replay_totals(session, ReplayTotal.captured_size, run_ids=run_ids)
+            return run_traffic(session, run_ids), {size: totals for (size,), totals in by_size.items()}
 
     def graph_functions(
         self, *, run_id: int | None = None, mode: str | None = None, size: int | None = None

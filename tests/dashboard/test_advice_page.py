@@ -31,13 +31,18 @@ def test_the_json_twin_is_the_advice_the_command_gives(client: FlaskClient, db_u
     finally:
         store.dispose()
     expected = as_dict(advise(recorded.histogram, recorded.capture_sizes, source=recorded.source,
-                              costs=recorded.costs))
+                              costs=recorded.costs, weighing=recorded.weighing, current=recorded.current))
     assert data["advice"] == json.loads(json.dumps(expected)) and data["unavailable"] is None
     advice = data["advice"]
     assert advice["graphs"] == advice["current"]["graphs"] == len(recorded.capture_sizes)
     assert advice["advised"]["traffic"]["padding_tokens"] <= advice["current"]["traffic"]["padding_tokens"]
     assert advice["cost_model"] and advice["advised"]["pool_bytes"] > 0, "the CUDA run's pool"
-    assert [p["graphs"] for p in advice["curve"]][:3] == [1, 2, 3]
+    # The sample's CUDA run recorded step times: padding is weighed by them, and said so.
+    weighed = advice["weighed_by"]
+    assert advice["weighed_by_step_time"] and weighed.startswith("padding weighed by the recorded")
+    assert advice["modelled_step_seconds"]["advised"] <= advice["modelled_step_seconds"]["current"]
+    graphs = [p["graphs"] for p in advice["curve"]]
+    assert graphs == list(range(graphs[0], graphs[0] + len(graphs)))
     assert advice["config"] == config_lines(tuple(advice["advised"]["capture_sizes"]))
 
 
@@ -87,5 +92,17 @@ def test_the_advice_follows_what_is_recorded_after_it_was_asked(client: FlaskCli
     finally:
         store.dispose()
     expected = as_dict(advise(recorded.histogram, recorded.capture_sizes, source=recorded.source,
-                              costs=recorded.costs))
+                              costs=recorded.costs, weighing=recorded.weighing, current=recorded.current))
     assert again == json.loads(json.dumps(expected)) and again != first
+
+
+def test_current_is_what_the_overview_shows_for_the_same_runs(client: FlaskClient, seeded) -> None:
+    for scope in ("", f"?run={seeded['cuda_run']}", f"?run={seeded['eager_run']}"):
+        advice = api(client, f"/api/advice{scope}")["data"]["advice"]
+        overview = api(client, f"/api/summary{scope}")["data"]
+        assert advice["current_recorded"] and advice["current"]["traffic"] == overview["traffic"], scope
+        per_size = {}
+        for row in overview["charts"]["waste_by_size"]:
+            per_size[row["captured_size"]] = per_size.get(row["captured_size"], 0) + row["replays"]
+        by_size = {s["captured_size"]: s["traffic"]["replays"] for s in advice["current"]["by_size"]}
+        assert {size: n for size, n in by_size.items() if n} == per_size, scope

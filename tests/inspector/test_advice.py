@@ -16,6 +16,7 @@ from inspector.advice.costs import MIB, CostModel, RecordedGraph, StepTimes
 from inspector.advice.recommend import advise
 from inspector.advice.render import as_dict, config_lines, render_text
 from inspector.advice.sizes import Histogram, best_choices, project
+from inspector.advice.weighing import Weighing, modelled_seconds
 from inspector.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,11 +98,21 @@ def test_padding_weighed_by_step_time_moves_sizes_to_where_padding_is_dear(tmp_p
     assert step_times(512) == pytest.approx(0.008), "above the measured sizes: in proportion to the tokens"
     histogram = Histogram.from_counts({3: 100, 60: 20, 130: 30, 250: 10})
     by_tokens = advise(histogram, [1, 2], source="t", max_graphs=2)
-    by_time = advise(histogram, [1, 2], source="t", max_graphs=2, step_cost=step_times)
+    by_time = advise(histogram, [1, 2], source="t", max_graphs=2,
+                     weighing=Weighing.from_csv(step_times, "steps.csv"))
     # Counted in tokens, the hundred 3-token batches want their own graph; timed, padding them up
     # to 60 is free (launch bound), and the graph is better spent where a step is compute bound.
     assert by_tokens.sizes == (3, 250) and by_time.sizes == (60, 250)
-    assert by_time.weighed_by_step_time and "weighed by the measured step time" in render_text(by_time)
+    assert not by_tokens.weighed_by_step_time and "padding counted in tokens" in render_text(by_tokens)
+    assert by_time.weighed_by_step_time and "weighed by the step times in steps.csv" in render_text(by_time)
+    # A lone request pads to 60 and pays nothing for it (the curve is flat up to 64 tokens).
+    assert by_time.lone_request is not None and by_time.lone_request.over_best == 0
+    # By the step-time model the timed advice costs the traffic less than the token-counted one; the
+    # current sizes leave batches eager, and no eager time is known: not modelled.
+    assert by_time.current_seconds is None and by_time.advised_seconds == pytest.approx(
+        120 * step_times(60) + 40 * step_times(250))
+    weighing = Weighing.from_csv(step_times, "steps.csv")
+    assert by_time.advised_seconds < modelled_seconds(histogram, by_tokens.sizes, weighing)
 
 
 def test_step_times_files_are_checked(tmp_path: Path) -> None:

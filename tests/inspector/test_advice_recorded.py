@@ -127,3 +127,43 @@ def test_a_long_histogram_shows_the_optimiser_s_progress(sqlite_url: str) -> Non
     assert result.returncode == 0, result.stderr
     assert "Advising [" in result.stderr and "127/127" in result.stderr, result.stderr
     assert "graph-inspector advise: 8 capture sizes for 3,000 batches of 1..3000 tokens" in result.stdout
+
+
+def test_padding_is_weighed_by_the_step_times_the_runs_recorded_and_sizes_can_be_forced_in(db_url) -> None:
+    # Launch-bound up to 8 tokens (one time), compute-bound above: 3-token batches pad to 8 for free.
+    with Recorder(db_url, label="timed") as recorder:
+        for size in (8, 16):
+            recorder.on_capture(capture(BatchDescriptor(size, size, True)))
+        for real, batches in {3: 100, 8: 10, 12: 40, 16: 40}.items():
+            bucket = BatchDescriptor(8 if real <= 8 else 16, 8 if real <= 8 else 16, True)
+            for _ in range(batches):
+                recorder.on_replay(FULL, bucket, real)
+        recorder.on_step_time(FULL, BatchDescriptor(8, 8, True), 0.001, 0.004, samples=2)
+        recorder.on_step_time(FULL, BatchDescriptor(16, 16, True), 0.003, 0.006, samples=2)
+        recorder.on_step_time(FULL, BatchDescriptor(4, 4, True), 0.001, None)  # timed, never captured here
+    timed = json.loads(cli("--db", db_url, "--max-graphs", "3", "--format", "json").stdout)
+    assert timed["weighed_by_step_time"]
+    assert "graph replays timed at 3 sizes (5 timed replays" in timed["weighed_by"]
+    # By tokens the hundred 3-token batches want a graph of their own; by time it is better spent at 12.
+    assert timed["advised"]["capture_sizes"] == [8, 12, 16]
+    assert timed["lone_request"]["over_best"] == 0 and timed["lone_request"]["padded_to"] == 8
+    steps = timed["modelled_step_seconds"]
+    assert steps["advised"] == pytest.approx(110 * 0.001 + 40 * 0.002 + 40 * 0.003)  # 12: halfway
+    assert steps["current"] == pytest.approx(110 * 0.001 + 80 * 0.003)
+    forced = cli("--db", db_url, "--max-graphs", "3", "--include", "3", "--format", "json")
+    forced = json.loads(forced.stdout)
+    assert forced["advised"]["capture_sizes"] == [3, 12, 16] and forced["included"] == [3]
+    text = cli("--db", db_url, "--max-graphs", "3", "--include", "3").stdout
+    assert "included         3 (--include)" in text
+    assert "weighed by       padding weighed by the recorded" in text
+    too_big = cli("--db", db_url, "--include", "40")
+    assert too_big.returncode == 2
+    assert "--include 40 is above the largest size advised (16)" in too_big.stderr
+    assert "'x' is not a size" in cli("--db", db_url, "--include", "3,x").stderr
+
+
+def test_without_recorded_step_times_padding_is_counted_in_tokens_and_it_says_so(two_ranks) -> None:
+    url, _, _ = two_ranks
+    data = json.loads(cli("--db", url, "--format", "json").stdout)
+    assert not data["weighed_by_step_time"] and data["lone_request"] is None
+    assert data["weighed_by"].startswith("padding counted in tokens: no replay was timed in these runs")

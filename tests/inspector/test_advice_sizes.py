@@ -107,3 +107,58 @@ def test_bad_input_is_refused() -> None:
         best_choices(Histogram.of([3]), 0, 1)
     with pytest.raises(ValueError, match="must not fall"):
         best_choices(Histogram.of([1, 2, 3]), 3, 2, step_cost=lambda n: -n)
+
+
+@settings(max_examples=150, deadline=None)
+@given(histogram=histograms, forced=st.sets(st.integers(1, 45), max_size=3), extra=st.integers(0, 5),
+       max_graphs=st.integers(1, 7), steps=st.lists(st.floats(0, 10), min_size=51, max_size=51))
+def test_forced_sizes_are_in_every_set_and_the_rest_is_still_optimal(
+    histogram, forced, extra, max_graphs, steps
+) -> None:
+    levels = list(itertools.accumulate(steps))
+    max_size = histogram.largest + extra
+    kept = {s for s in forced if s < max_size}
+    if max_graphs < len(kept) + 1:
+        with pytest.raises(ValueError, match=r"forced size\(s\) and the largest size need"):
+            best_choices(histogram, max_size, max_graphs, forced=forced)
+        return
+    choices = best_choices(histogram, max_size, max_graphs, step_cost=levels.__getitem__, forced=forced)
+    candidates = sorted({*histogram.sizes, *kept, max_size} - {s for s in histogram.sizes if s > max_size})
+    assert choices[0].graphs == len(kept) + 1
+    for choice in choices:
+        assert kept <= set(choice.sizes) and choice.sizes[-1] == max_size
+        assert len(choice.sizes) == choice.graphs
+        others = [s for s in candidates if s not in kept and s != max_size]
+        best = min(
+            padding_cost(histogram, tuple(sorted({*rest, *kept, max_size})), max_size, levels.__getitem__)
+            for k in range(choice.graphs - len(kept))
+            for rest in itertools.combinations(others, k)
+        )
+        assert choice.cost == pytest.approx(best, abs=1e-6)
+
+
+@settings(max_examples=120, deadline=None)
+@given(histogram=histograms, limit=st.integers(1, 40), max_graphs=st.integers(1, 6))
+def test_the_smallest_size_can_be_held_down_and_the_rest_is_still_optimal(histogram, limit, max_graphs):
+    max_size = histogram.largest
+    if limit < histogram.sizes[0]:
+        with pytest.raises(ValueError, match="no candidate size is at or below"):
+            best_choices(histogram, max_size, max_graphs, smallest_at_most=limit)
+        return
+    needed = 1 if limit >= max_size else 2
+    if max_graphs < needed:
+        with pytest.raises(ValueError, match=f"a size at or below {limit} and the largest size need 2"):
+            best_choices(histogram, max_size, max_graphs, smallest_at_most=limit)
+        return
+    choices = best_choices(histogram, max_size, max_graphs, smallest_at_most=limit)
+    assert choices[0].graphs == needed
+    candidates = sorted(histogram.sizes)
+    for choice in choices:
+        assert choice.sizes[0] <= limit and choice.sizes[-1] == max_size
+        best = min(
+            padding_cost(histogram, (*rest, max_size), max_size)
+            for k in range(choice.graphs)
+            for rest in itertools.combinations([s for s in candidates if s < max_size], k)
+            if (rest or (max_size,))[0] <= limit
+        )
+        assert choice.cost == best
