@@ -152,14 +152,14 @@ def compare() -> Resource:
 
 @functools.lru_cache(maxsize=16)
 def _advice(histogram: Any, capture_sizes: tuple[int, ...], source: str, max_graphs: int | None,
-            max_size: int | None, costs: Any, weighing: Any) -> Any:
+            max_size: int | None, costs: Any, weighing: Any, decode: Any) -> Any:
     """The advice is a function of the recorded traffic it is given (all of it hashable): asked
     again while nothing new is recorded, it is answered from here. (Optimising a fleet's histogram
     takes 50 ms and more of a core; the histogram changes with every flush of a live run.)"""
     from inspector.advice.recommend import advise
 
     return advise(histogram, capture_sizes, source=source, max_graphs=max_graphs, max_size=max_size,
-                  costs=costs, weighing=weighing)
+                  costs=costs, weighing=weighing, decode=decode)
 
 
 def advice() -> Resource:
@@ -180,7 +180,7 @@ def advice() -> Resource:
     filters = {"run": run_id, "max_graphs": max_graphs, "max_size": max_size}
     try:
         found = _advice(recorded.histogram, recorded.capture_sizes, recorded.source, max_graphs, max_size,
-                        recorded.costs, recorded.weighing)
+                        recorded.costs, recorded.weighing, recorded.decode)
     except UsageError as why:
         return Resource({"filters": filters, "advice": None, "unavailable": str(why)})
     # The current sizes as recorded, the Overview's figures for the same runs (they change with

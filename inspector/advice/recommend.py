@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from inspector.advice.costs import CostModel
+from inspector.advice.engines import DecodeTraffic, EngineLists, engine_lists
 from inspector.advice.sizes import Histogram, Projection, best_choices, project
 from inspector.advice.weighing import (
     LONE_REQUEST_SLACK,
@@ -56,6 +57,8 @@ class Advice:
     current_seconds: float | None = None
     advised_seconds: float | None = None
     """The modelled step time of the batches each set replays, summed (weighed by time only)."""
+    engines: EngineLists | None = None
+    """The advised sizes as each engine takes them (decode and prefill lists apart)."""
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -80,11 +83,13 @@ def advise(
     include: Sequence[int] = (),
     lone_request_slack: float = LONE_REQUEST_SLACK,
     current: Projection | None = None,
+    decode: DecodeTraffic | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Advice:
     """Advise capture sizes for ``histogram``; ``UsageError`` for what cannot be advised, and why.
 
-    ``current``: the current sizes' traffic as recorded (else it is projected on the histogram)."""
+    ``current``: the current sizes' traffic as recorded (else it is projected on the histogram);
+    ``decode``: the decode steps apart, for the engines that keep decode graphs apart."""
     if not histogram.total:
         raise UsageError(f"{source}: no batches recorded, so there is nothing to advise on")
     if not current_sizes:
@@ -137,6 +142,8 @@ def advise(
                       lone_request(weighing, chosen.sizes, best, within, lone_request_slack, held)),
         current_seconds=modelled_seconds(histogram, current_sizes, weighing) if timed else None,
         advised_seconds=modelled_seconds(histogram, chosen.sizes, weighing) if timed else None,
+        engines=engine_lists(chosen.sizes, histogram, decode, chosen.graphs, weighing.cost,
+                             within if held else None),
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.advice.costs import CostModel
+from inspector.advice.engines import DecodeTraffic
 from inspector.advice.sizes import Histogram, Projection
 from inspector.advice.weighing import RecordedStepTime, Weighing, recorded_weighing
 from inspector.errors import UsageError
@@ -39,6 +40,8 @@ class RecordedTraffic:
     """Padding weighed by the recorded step times (or by tokens, saying why); None for a trace."""
     current: Projection | None = None
     """The current sizes' traffic as recorded (the Overview's figures for the same runs)."""
+    decode: DecodeTraffic | None = None
+    """The decode steps apart (for the engines that keep decode graphs apart); None: not told."""
 
 
 def read_recorded(queries: Queries, run_ids: Sequence[int] | None, source: str) -> RecordedTraffic:
@@ -68,6 +71,11 @@ def read_recorded(queries: Queries, run_ids: Sequence[int] | None, source: str) 
     traffic, by_size = queries.recorded_traffic(scope)
     sizes = tuple(sorted({g.captured_size for g in recorded}))
     replayed = tuple(sorted(set(sizes) | set(by_size)))
+    decode_sizes, untold = queries.rollup.decode_batch_sizes(chosen)
+    query_lens = queries.decode_query_lens(scope)
+    decode = None
+    if not untold and len(query_lens) <= 1:  # every batch told, one decode query length
+        decode = DecodeTraffic(Histogram.from_counts(decode_sizes), query_lens[0] if query_lens else 1)
     return RecordedTraffic(
         run_ids=tuple(chosen),
         source=f"{source} ({what})" if chosen else source,
@@ -77,6 +85,7 @@ def read_recorded(queries: Queries, run_ids: Sequence[int] | None, source: str) 
         engine_max=max(limits) if limits else None,
         weighing=recorded_weighing([RecordedStepTime(*point) for point in points], clocks),
         current=Projection(replayed, traffic, tuple(by_size.get(size, TrafficTotals()) for size in replayed)),
+        decode=decode,
     )
 
 

@@ -1,34 +1,14 @@
-"""The advice as a person reads it (text), as a program reads it (JSON), and as engines take it.
-
-The engine lines are spelled as each engine's documentation spells them: vLLM's
-``--compilation-config`` JSON with ``cudagraph_capture_sizes``, SGLang's ``--cuda-graph-bs`` list,
-TensorRT-LLM's ``cuda_graph_config`` (YAML for ``--extra_llm_api_options``, with padding on so a
-batch replays the next size up), and ``capture_core``'s own ``sizes=``. For decode graphs a size
-is both a token count and a request count (one token per request); that is what the latter two call
-batch sizes.
+"""The advice as a person reads it (text), as a program reads it (JSON), and as engines take it
+(the lines of ``inspector.advice.engines``, each in the unit its engine means).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from inspector.advice.engines import ENGINES, EngineLists, config_lines
 from inspector.advice.recommend import Advice
 from inspector.advice.sizes import Projection
-
-
-def config_lines(sizes: tuple[int, ...]) -> dict[str, str]:
-    """What to paste into each engine's configuration for ``sizes``."""
-    listed = ", ".join(map(str, sizes))
-    return {
-        "vllm": f"--compilation-config '{json.dumps({'cudagraph_capture_sizes': list(sizes)})}'",
-        "sglang": "--cuda-graph-bs " + " ".join(map(str, sizes)),
-        "tensorrt_llm": f"cuda_graph_config: {{enable_padding: true, batch_sizes: [{listed}]}}",
-        "capture_core": f"sizes=[{listed}]",
-    }
-
-
-ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "tensorrt_llm": "TensorRT-LLM", "capture_core": "capture_core"}
 
 
 def _projection(p: Projection, advice: Advice) -> dict[str, Any]:
@@ -66,8 +46,13 @@ def as_dict(advice: Advice) -> dict[str, Any]:
         "curve": [{"graphs": len(p.capture_sizes), "padding_tokens": p.traffic.padding_tokens,
                    "padding_waste": p.traffic.padding_waste} for p in advice.curve],
         "cost_model": advice.costs.describe() if advice.costs is not None else None,
-        "config": config_lines(advice.sizes),
+        "config": config_lines(_lists(advice)),
+        "config_notes": list(_lists(advice).notes),
     }
+
+
+def _lists(advice: Advice) -> EngineLists:
+    return advice.engines or EngineLists(advice.sizes, advice.sizes, None)
 
 
 def _lone_request(advice: Advice) -> dict[str, Any]:
@@ -135,5 +120,7 @@ def render_text(advice: Advice) -> str:
     if advice.costs is not None:
         lines += [f"  cost model       {line}" for line in advice.costs.describe()]
     lines.append("paste:")
-    lines += [f"  {ENGINES[engine]:<15}{line}" for engine, line in config_lines(advice.sizes).items()]
+    lists = _lists(advice)
+    lines += [f"  {ENGINES[engine]:<22}{line}" for engine, line in config_lines(lists).items() if line]
+    lines += [f"  (note: {note})" for note in lists.notes]
     return "\n".join(lines) + "\n"

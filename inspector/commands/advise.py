@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
             memory_budget_bytes=None if args.memory_budget is None else args.memory_budget * 2**20,
             max_size=args.max_size, costs=traffic.costs, weighing=weighing, include=include,
             lone_request_slack=args.lone_request_slack / 100,
-            current=traffic.current if args.current is None else None, progress=progress,
+            current=traffic.current if args.current is None else None, decode=traffic.decode,
+            progress=progress,
         )
     if args.format == "json":
         sys.stdout.write(json.dumps(as_dict(advice), indent=2) + "\n")
@@ -82,6 +83,7 @@ def _trace_traffic(args: argparse.Namespace) -> Any:
 
     from capture_core.reference import TraceError, TrafficConfig, decode_batch_sizes, load_trace
     from capture_core.sizes import capture_sizes
+    from inspector.advice.engines import DecodeTraffic
     from inspector.advice.recorded import RecordedTraffic
     from inspector.advice.sizes import Histogram
     from inspector.errors import UsageError
@@ -96,9 +98,11 @@ def _trace_traffic(args: argparse.Namespace) -> Any:
     sizes = decode_batch_sizes(trace, config, args.steps)
     source = (f"{os.path.basename(trace.source)} ({len(trace):,} requests at {args.speedup:g}x through "
               f"continuous batching, up to {args.max_num_seqs} running, {args.steps:,} steps)")
-    return RecordedTraffic(run_ids=(), source=source, histogram=Histogram.of(sizes),
+    histogram = Histogram.of(sizes)
+    # The scheduler's steps are decode steps, one token a request: every batch is the decode list's.
+    return RecordedTraffic(run_ids=(), source=source, histogram=histogram,
                            capture_sizes=tuple(capture_sizes("vllm", args.max_num_seqs)), costs=None,
-                           engine_max=args.max_num_seqs)
+                           engine_max=args.max_num_seqs, decode=DecodeTraffic(histogram))
 
 
 PACKAGED_TRACE = "packaged"

@@ -100,6 +100,17 @@ class GraphQueries(RunQueries):
         return [(int(size), float(gs or 0), int(gn or 0), float(es or 0), int(en or 0))
                 for size, gs, gn, es, en in rows], clocks
 
+    def decode_query_lens(self, run_ids: Sequence[int] | None = None) -> list[int]:
+        """The tokens each request decodes in the runs' (every run when None) uniform-decode graphs
+        (their captured size over their requests: 1 without speculative decoding), distinct."""
+        query = select(Graph.captured_size, Graph.num_reqs).where(Graph.uniform.is_(True),
+                                                                  Graph.num_reqs.is_not(None)).distinct()
+        if run_ids is not None:
+            query = query.where(Graph.run_id.in_(run_ids))
+        with self._session() as session:
+            rows = session.execute(query).all()
+        return sorted({size // reqs for size, reqs in rows if reqs and size % reqs == 0})
+
     def recorded_traffic(
         self, run_ids: Sequence[int] | None = None
     ) -> tuple[TrafficTotals, dict[int, TrafficTotals]]:

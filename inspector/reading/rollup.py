@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, and_, func, or_, select
+from sqlalchemy import ColumnElement, Connection, Engine, and_, case, func, or_, select
 
 from inspector.reading.traffic import TrafficTotals, integer_sum
 from inspector.storage.models import BatchSizeCount, EagerFallback, ReplayWindow, Run, Violation, WindowFold
@@ -72,6 +72,10 @@ class RunTraffic:
     """real token count -> batches."""
     findings: dict[str, int]
     """violation kind -> distinct findings (rows: a repeat bumps a row's count, not the rows)."""
+    decode_sizes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    """real token count -> the batches that replayed a uniform-decode graph."""
+    untold: int = 0
+    """Batches whose rows do not say whether they were decode steps (written before it was told)."""
 
 
 SETTLE_SECONDS = 2.0
@@ -257,12 +261,18 @@ class Rollup:
 
     def _fold_batch_sizes(self, conn: Connection, upto: int) -> None:
         b = BatchSizeCount
-        for run_id, size, batches in conn.execute(
-            select(b.run_id, b.num_real_tokens, integer_sum(b.batches))
+        untold = case((b.uniform_batches.is_(None), b.batches), else_=0)
+        for run_id, size, batches, decode, unknown in conn.execute(
+            select(b.run_id, b.num_real_tokens, integer_sum(b.batches), integer_sum(b.uniform_batches),
+                   integer_sum(untold))
             .where(self._rows(b, "sizes", upto))
             .group_by(b.run_id, b.num_real_tokens)
         ):
-            self._run(run_id).batch_sizes[size] += batches
+            run = self._run(run_id)
+            run.batch_sizes[size] += batches
+            if decode:
+                run.decode_sizes[size] += decode
+            run.untold += unknown or 0
 
     def _fold_findings(self, conn: Connection, upto: int) -> None:
         v = Violation
@@ -298,6 +308,22 @@ class Rollup:
             return dict(sorted(merged.items()))
 
         return self._memoised(("batch_sizes", scope), compute)
+
+    def decode_batch_sizes(self, run_ids: Iterable[int] | None = None) -> tuple[dict[int, int], int]:
+        """real token count -> the batches that replayed a uniform-decode graph, ascending; and how
+        many batches' rows do not say (written before this was told)."""
+        scope = _scope(run_ids)
+
+        def compute() -> tuple[dict[int, int], int]:
+            merged: dict[int, int] = defaultdict(int)
+            untold = 0
+            for run in self._selected(scope):
+                untold += run.untold
+                for size, batches in run.decode_sizes.items():
+                    merged[size] += batches
+            return dict(sorted(merged.items())), untold
+
+        return self._memoised(("decode_batch_sizes", scope), compute)
 
     def findings(self, run_ids: Iterable[int] | None = None) -> dict[str, int]:
         """violation kind -> distinct findings."""

@@ -172,6 +172,8 @@ class TrafficWindow:
     """(reason, mode label) -> [batches, real tokens]."""
     batch_sizes: dict[int, int] = field(default_factory=dict)
     """real token count -> batches (replayed or eager)."""
+    uniform_batch_sizes: dict[int, int] | None = None
+    """real token count -> those of its batches that replayed a uniform-decode graph (None: not told)."""
     step_times: dict[GraphKey, StepTimeDelta] = field(default_factory=dict)
     """Timed steps per graph key (running totals only: no window rows)."""
 
@@ -197,8 +199,12 @@ def traffic_since(
     eager: dict[EagerKey, int],
     committed_eager: dict[EagerKey, int],
 ) -> TrafficWindow:
-    """Fill ``window`` with the counts that grew since the committed snapshot (counters only grow)."""
+    """Fill ``window`` with the counts that grew since the committed snapshot (counters only grow).
+    A recorder tells the batches that replayed a uniform-decode graph apart (the decode steps)."""
     modes: dict[Any, CUDAGraphMode] = {}
+    if window.uniform_batch_sizes is None:
+        window.uniform_batch_sizes = {}
+    decode = window.uniform_batch_sizes
     for key, count in replays.items():
         delta = count - committed_replays.get(key, 0)
         if delta <= 0:
@@ -215,6 +221,8 @@ def traffic_since(
         entry.replays += delta
         entry.num_real_tokens += real * delta
         window.batch_sizes[real] = window.batch_sizes.get(real, 0) + delta
+        if uniform:
+            decode[real] = decode.get(real, 0) + delta
     for key, count in eager.items():
         delta = count - committed_eager.get(key, 0)
         if delta <= 0:

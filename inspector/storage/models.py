@@ -178,6 +178,10 @@ class BatchSizeCount(FoldableWindow, Base):
     window_start: Mapped[float] = mapped_column(Float)
     num_real_tokens: Mapped[int] = mapped_column(Integer)
     batches: Mapped[int] = mapped_column(BigInteger)
+    uniform_batches: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """Of those, the batches that replayed a uniform-decode graph (the decode steps, which SGLang's and
+    TensorRT-LLM's decode graphs serve, apart from mixed prefill steps); None where the writer could
+    not tell (rows written before it was counted, a watched engine)."""
 
     __table_args__ = (
         Index(None, "run_id", "num_real_tokens"),

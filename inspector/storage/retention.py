@@ -145,7 +145,8 @@ TABLES = (
               ("replays", "num_real_tokens", "padding_tokens"), "last_replay_window_id"),
     _Foldable(models.EagerFallback, ("reason", "mode"), (), ("batches", "num_real_tokens"),
               "last_eager_fallback_id"),
-    _Foldable(models.BatchSizeCount, ("num_real_tokens",), (), ("batches",), "last_batch_size_id"),
+    _Foldable(models.BatchSizeCount, ("num_real_tokens",), (), ("batches", "uniform_batches"),
+              "last_batch_size_id"),
 )
 
 

@@ -278,8 +278,10 @@ def append_traffic(
             counts = {"batches": batches, "num_real_tokens": real}
             eager_rows.append(span | columns | counts)
             _add_counts(eager_sums, (reason, mode), columns, counts)
+        decode = window.uniform_batch_sizes
         size_rows += [
-            {"run_id": run_id, "window_start": window.window_start, "num_real_tokens": n, "batches": batches}
+            {"run_id": run_id, "window_start": window.window_start, "num_real_tokens": n, "batches": batches,
+             "uniform_batches": None if decode is None else decode.get(n, 0)}
             for n, batches in sorted(window.batch_sizes.items())
         ]
         for key, timed in window.step_times.items():

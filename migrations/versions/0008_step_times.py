@@ -1,9 +1,11 @@
-"""Step times: sampled replays and eager steps timed per graph key (issue 25).
+"""Step times and decode batches (issue 25).
 
 - ``step_times``: one row per run and graph key, the sums and sample counts of the timed replays
-  (``graph_*``) and of the same step run eagerly (``eager_*``), and the clock that timed them.
+  (``graph_*``) and of the same step run eagerly (``eager_*``), and the clock that timed them;
+- ``batch_size_counts``: ``uniform_batches``, the batches of each size that replayed a
+  uniform-decode graph (NULL for the rows written before: not told).
 
-A new table: nothing existing is rewritten.
+A new table and a nullable column: nothing existing is rewritten.
 
 Revision ID: 0008_step_times
 Revises: 0007_engine_graphs
@@ -48,8 +50,12 @@ def upgrade() -> None:
         sa.UniqueConstraint("run_id", "mode", "descriptor_key", name=op.f("uq_step_times_run_id")),
     )
     op.create_index(op.f("ix_step_times_graph_id"), "step_times", ["graph_id"], unique=False)
+    # A plain ADD COLUMN (batch mode would copy the table on SQLite: a fleet's is large).
+    op.add_column("batch_size_counts", sa.Column("uniform_batches", sa.BigInteger(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("batch_size_counts") as batch:
+        batch.drop_column("uniform_batches")
     op.drop_index(op.f("ix_step_times_graph_id"), table_name="step_times")
     op.drop_table("step_times")

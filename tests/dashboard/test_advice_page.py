@@ -9,9 +9,10 @@ from flask.testing import FlaskClient
 
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
+from inspector.advice.engines import EngineLists, config_lines
 from inspector.advice.recommend import advise
 from inspector.advice.recorded import read_recorded
-from inspector.advice.render import as_dict, config_lines
+from inspector.advice.render import as_dict
 from inspector.reading.queries import Queries
 from inspector.recording.recorder import Recorder
 from inspector.storage.store import open_store
@@ -31,7 +32,8 @@ def test_the_json_twin_is_the_advice_the_command_gives(client: FlaskClient, db_u
     finally:
         store.dispose()
     expected = as_dict(advise(recorded.histogram, recorded.capture_sizes, source=recorded.source,
-                              costs=recorded.costs, weighing=recorded.weighing, current=recorded.current))
+                              costs=recorded.costs, weighing=recorded.weighing, current=recorded.current,
+                              decode=recorded.decode))
     assert data["advice"] == json.loads(json.dumps(expected)) and data["unavailable"] is None
     advice = data["advice"]
     assert advice["graphs"] == advice["current"]["graphs"] == len(recorded.capture_sizes)
@@ -43,7 +45,8 @@ def test_the_json_twin_is_the_advice_the_command_gives(client: FlaskClient, db_u
     assert advice["modelled_step_seconds"]["advised"] <= advice["modelled_step_seconds"]["current"]
     graphs = [p["graphs"] for p in advice["curve"]]
     assert graphs == list(range(graphs[0], graphs[0] + len(graphs)))
-    assert advice["config"] == config_lines(tuple(advice["advised"]["capture_sizes"]))
+    assert advice["config"]["vllm"] == config_lines(
+        EngineLists(tuple(advice["advised"]["capture_sizes"]), None, None))["vllm"]
 
 
 def test_the_page_shows_the_advice_its_charts_and_a_copy_button_per_engine(client: FlaskClient,
@@ -92,7 +95,8 @@ def test_the_advice_follows_what_is_recorded_after_it_was_asked(client: FlaskCli
     finally:
         store.dispose()
     expected = as_dict(advise(recorded.histogram, recorded.capture_sizes, source=recorded.source,
-                              costs=recorded.costs, weighing=recorded.weighing, current=recorded.current))
+                              costs=recorded.costs, weighing=recorded.weighing, current=recorded.current,
+                              decode=recorded.decode))
     assert again == json.loads(json.dumps(expected)) and again != first
 
 

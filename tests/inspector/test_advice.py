@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inspector.advice.costs import MIB, CostModel, RecordedGraph, StepTimes
+from inspector.advice.engines import DecodeTraffic, EngineLists, config_lines
 from inspector.advice.recommend import advise
-from inspector.advice.render import as_dict, config_lines, render_text
+from inspector.advice.render import as_dict, render_text
 from inspector.advice.sizes import Histogram, best_choices, project
 from inspector.advice.weighing import Weighing, modelled_seconds
 from inspector.errors import UsageError
@@ -129,13 +130,41 @@ def test_step_times_files_are_checked(tmp_path: Path) -> None:
 
 
 def test_what_to_paste_is_spelled_as_each_engine_documents_it() -> None:
-    lines = config_lines((1, 4, 16))
+    lines = config_lines(EngineLists((1, 4, 16), (1, 4, 16), None))
     assert lines == {
         "vllm": """--compilation-config '{"cudagraph_capture_sizes": [1, 4, 16]}'""",
         "sglang": "--cuda-graph-bs 1 4 16",
+        "sglang_prefill": None,
         "tensorrt_llm": "cuda_graph_config: {enable_padding: true, batch_sizes: [1, 4, 16]}",
+        "tensorrt_llm_prefill": None,
         "capture_core": "sizes=[1, 4, 16]",
     }
+    apart = config_lines(EngineLists((4, 64, 256), (2, 8), (64, 256)))
+    assert apart["sglang"] == "--cuda-graph-bs 2 8" and apart["sglang_prefill"] == (
+        "--piecewise-cuda-graph-tokens 64 256")
+    assert apart["tensorrt_llm_prefill"] == (
+        "torch_compile_config: {enable_piecewise_cuda_graph: true, capture_num_tokens: [64, 256]}")
+
+
+def test_decode_steps_are_advised_in_requests_apart_from_prefill_tokens() -> None:
+    # Decode steps of 2..16 requests, two tokens a request (speculative decoding), and prefill chunks
+    # of 100..250 tokens: SGLang's --cuda-graph-bs never holds a chunk's tokens, and counts requests.
+    decode = Histogram.from_counts({4: 50, 8: 30, 16: 20, 32: 10})
+    everything = Histogram.from_counts({4: 50, 8: 30, 16: 20, 32: 10, 100: 5, 180: 8, 250: 3})
+    advice = advise(everything, [8, 32, 256], source="t", max_graphs=4,
+                    decode=DecodeTraffic(decode, query_len=2))
+    lists = advice.engines
+    assert lists is not None and lists.tokens == advice.sizes
+    assert lists.decode_requests == (2, 4, 8, 16), "tokens / 2: requests"
+    assert lists.prefill_tokens is not None and set(lists.prefill_tokens) <= {100, 180, 250}
+    lines = as_dict(advice)["config"]
+    assert lines["sglang"] == "--cuda-graph-bs 2 4 8 16"
+    assert "decodes 2 tokens per request" in render_text(advice)
+    # Where the decode steps are not told apart, the decode lines are left out, and it says why.
+    untold = advise(everything, [8, 32, 256], source="t", max_graphs=4)
+    data = as_dict(untold)
+    assert data["config"]["sglang"] is None and data["config"]["tensorrt_llm"] is None
+    assert "not told apart" in data["config_notes"][0] and "not told apart" in render_text(untold)
 
 
 def test_the_text_and_the_json_say_the_same() -> None:
@@ -147,7 +176,8 @@ def test_the_text_and_the_json_say_the_same() -> None:
     assert data["current"]["graphs"] == 9 and data["histogram"]["batches"] == HISTOGRAM.total
     assert [p["graphs"] for p in data["curve"]] == list(range(1, 8))
     assert data["advised"]["capture_seconds"] == costs.capture_seconds(advice.sizes)
-    assert data["config"] == config_lines(advice.sizes)
+    assert data["config"] == config_lines(EngineLists(advice.sizes, None, None))
+    assert data["config"]["vllm"] == config_lines(EngineLists(advice.sizes, None, None))["vllm"]
     json.dumps(data)  # every field serialises
     text = render_text(advice)
     for piece in ("advised sizes    " + ", ".join(map(str, advice.sizes)), "padding waste", "hit ratio",

@@ -10,14 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from workers import FULL, capture
+from workers import FULL, PIECEWISE, capture
 
 from capture_core.descriptor import BatchDescriptor
 from capture_core.sizes import EagerReason
 from inspector.advice.recorded import read_recorded
 from inspector.reading.queries import Queries
+from inspector.recording.batch import TrafficWindow
 from inspector.recording.recorder import Recorder
 from inspector.storage.store import open_store
+from inspector.storage.writer import KnownTotals, append_traffic
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -167,3 +169,37 @@ def test_without_recorded_step_times_padding_is_counted_in_tokens_and_it_says_so
     data = json.loads(cli("--db", url, "--format", "json").stdout)
     assert not data["weighed_by_step_time"] and data["lone_request"] is None
     assert data["weighed_by"].startswith("padding counted in tokens: no replay was timed in these runs")
+
+
+def test_decode_steps_are_told_apart_so_each_engine_gets_its_own_list(db_url: str) -> None:
+    """A FULL_AND_PIECEWISE run: decode steps replay uniform-decode graphs, prefill chunks piecewise
+    ones. SGLang's --cuda-graph-bs gets the decode steps (in requests), never a chunk's tokens."""
+    with Recorder(db_url, label="mixed") as recorder:
+        for size in (4, 8):
+            recorder.on_capture(capture(BatchDescriptor(size, size, True)))
+        recorder.on_capture(capture(BatchDescriptor(64), mode=PIECEWISE))
+        for real, batches in {3: 40, 7: 20}.items():
+            bucket = BatchDescriptor(4 if real <= 4 else 8, 4 if real <= 4 else 8, True)
+            for _ in range(batches):
+                recorder.on_replay(FULL, bucket, real)
+        for real in (50, 61, 61):
+            recorder.on_replay(PIECEWISE, BatchDescriptor(64), real)
+    run_id = recorder.run_id
+    data = json.loads(cli("--db", db_url, "--max-graphs", "3", "--format", "json").stdout)
+    config = data["config"]
+    assert data["advised"]["capture_sizes"] == [3, 7, 61]
+    assert config["sglang"] == "--cuda-graph-bs 3 7" and config["sglang_prefill"] == (
+        "--piecewise-cuda-graph-tokens 50 61")
+    assert "batch_sizes: [3, 7]" in config["tensorrt_llm"] and "capture_num_tokens: [50, 61]" in (
+        config["tensorrt_llm_prefill"])
+    # Rows that do not say which batches were decode steps (an older recorder's): the decode lines go.
+    store = open_store(db_url, upgrade=False)
+    try:
+        with store.writer() as conn:
+            window = TrafficWindow(1.0, 2.0, batch_sizes={5: 9})  # uniform_batch_sizes None: not told
+            append_traffic(conn, run_id, [window], {}, KnownTotals.of_run(conn, run_id), 2.0)
+    finally:
+        store.dispose()
+    untold = json.loads(cli("--db", db_url, "--max-graphs", "3", "--format", "json").stdout)
+    assert untold["config"]["sglang"] is None and untold["config"]["tensorrt_llm"] is None
+    assert "not told apart" in untold["config_notes"][0] and untold["config"]["vllm"]

@@ -193,7 +193,7 @@ def flush_eager_batch(store: Store, run_id: int, num_real_tokens: int = 300) -> 
     """What a recorder's next flush writes after one more batch ran eagerly (above the largest size)."""
     now = time.time()
     window = TrafficWindow(now - 1.0, now, eager={(ABOVE_MAX, "full"): [1, num_real_tokens]},
-                           batch_sizes={num_real_tokens: 1})
+                           batch_sizes={num_real_tokens: 1}, uniform_batch_sizes={})
     with store.writer() as conn:
         append_traffic(conn, run_id, [window], {}, KnownTotals.of_run(conn, run_id), now)
         update_run(conn, run_id, now)
@@ -306,7 +306,7 @@ def _traffic(graphs: dict[tuple[str, int], CaptureEvent], sizes: list[int], *, s
     windows = []
     t = start
     while t < end:
-        traffic = TrafficWindow(t, t + window)
+        traffic = TrafficWindow(t, t + window, uniform_batch_sizes={})  # as a recorder tells them
         for n, count in Counter(next(steps) for _ in range(40)).items():
             traffic.batch_sizes[n] = count
             padded = table.pad(n)
@@ -321,6 +321,9 @@ def _traffic(graphs: dict[tuple[str, int], CaptureEvent], sizes: list[int], *, s
             delta = traffic.replays.setdefault(key, ReplayDelta(graph.mode, graph.descriptor))
             delta.replays += count
             delta.num_real_tokens += n * count
+            if graph.descriptor.uniform:
+                assert traffic.uniform_batch_sizes is not None
+                traffic.uniform_batch_sizes[n] = traffic.uniform_batch_sizes.get(n, 0) + count
         windows.append(traffic)
         t += window
     return windows
