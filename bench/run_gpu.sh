@@ -37,6 +37,7 @@ benches=(
   "gpu_watch|240|--budget-s 50"
   "gpu_checks|200|--budget-s 100"
   "gpu_step_time|240|--budget-s 90"
+  "gpu_memory_forecast|240|"
 )
 
 {

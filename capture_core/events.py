@@ -224,6 +224,30 @@ class ViolationEvent:
     seen_at: float = field(default_factory=time.time)
 
 
+@dataclass(frozen=True)
+class DivergenceEvent:
+    """Where a graph and the same step run eagerly part: the first module whose output differs
+    (``capture_core.locate``), found after a ``replay_mismatch`` or on demand."""
+
+    descriptor: BatchDescriptor
+    mode: CUDAGraphMode
+    wrapper: str
+    module: str | None
+    """The first module whose output differs; None when the probe located none (``message`` says why)."""
+    max_abs_error: float | None
+    max_rel_error: float | None
+    agreeing: tuple[str, ...]
+    """The modules that finished before it and agree (the outermost of them)."""
+    modules_compared: int
+    reproduced: bool
+    """The probe of the captured call differs from the eager step, as the graph's replay did."""
+    probe: str
+    """How the step was computed as the graph computes it (a probe graph, or the call re-run)."""
+    message: str
+    injected: bool = False
+    seen_at: float = field(default_factory=time.time)
+
+
 @runtime_checkable
 class GraphObserver(Protocol):
     """Receives the graph cache's events. Must never raise into the engine."""
@@ -255,6 +279,9 @@ class GraphObserver(Protocol):
         is longer) or ``host_clock`` (the eager backend, whose "replays" re-run the model). Called
         for sampled steps only, never on the common replay path (``capture_core.step_time``)."""
 
+    def on_divergence(self, event: DivergenceEvent) -> None:
+        """Optional (called on observers that have it): where a graph and its eager step part."""
+
 
 class NullObserver:
     """The default observer: does nothing, costs one method call."""
@@ -280,6 +307,9 @@ class NullObserver:
         samples: int = 1,
         clock: str = "cuda_events",
     ) -> None:
+        pass
+
+    def on_divergence(self, event: DivergenceEvent) -> None:
         pass
 
 
@@ -319,3 +349,10 @@ class FanOutObserver:
             on_step_time = getattr(observer, "on_step_time", None)
             if on_step_time is not None:
                 on_step_time(mode, descriptor, graph_seconds, eager_seconds, samples, clock)
+
+    def on_divergence(self, event: DivergenceEvent) -> None:
+        """To the observers that take divergences (the call is optional)."""
+        for observer in self.observers:
+            on_divergence = getattr(observer, "on_divergence", None)
+            if on_divergence is not None:
+                on_divergence(event)

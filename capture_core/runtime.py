@@ -42,7 +42,14 @@ from capture_core.checks import (
 )
 from capture_core.descriptor import BatchDescriptor
 from capture_core.errors import GraphCheckError, UnexpectedCaptureError
-from capture_core.events import CaptureEvent, GraphObserver, NullObserver, ViolationEvent, ViolationKind
+from capture_core.events import (
+    CaptureEvent,
+    DivergenceEvent,
+    GraphObserver,
+    NullObserver,
+    ViolationEvent,
+    ViolationKind,
+)
 from capture_core.forward_context import set_forward_context
 from capture_core.modes import CUDAGraphMode
 from capture_core.progress import ProgressBar
@@ -114,6 +121,7 @@ class GraphRuntime:
         sampling: Sampling | None = None,
         canary: bool = False,
         step_timing: bool = True,
+        locate_divergence: bool = True,
     ) -> None:
         if isinstance(warmup_iters, bool) or not isinstance(warmup_iters, int) or warmup_iters < 0:
             raise ValueError(f"warmup_iters must be an integer >= 0, got {warmup_iters!r}")
@@ -125,6 +133,8 @@ class GraphRuntime:
         """Run the replay-vs-eager canary on sampled replays (debug mode runs it on every replay)."""
         self.step_buffers = StepBuffers(self.report_findings)
         """The per-step input buffers of every graph: versions, shadows, which rows held tokens."""
+        self.locate_divergence = locate_divergence
+        """On a ``replay_mismatch``, find the first module whose output differs (``capture_core.locate``)."""
         self.step_timer: StepTimer | None = None
         """Times the sampled replays, the canary's eager steps and sampled eager fallbacks (None: off)."""
         if step_timing:
@@ -242,6 +252,18 @@ class GraphRuntime:
         if self.step_timer is None:
             return run(*args)
         return self.step_timer.eager(CUDAGraphMode.NONE, descriptor, run, *args)
+
+    def report_divergence(self, event: DivergenceEvent) -> DivergenceEvent:
+        """Send where a graph and its eager step part to an observer that takes it (marked injected
+        inside ``injected_faults()``), and log it."""
+        if self._injected_depth and not event.injected:
+            event = replace(event, injected=True)
+        log.warning("%sgraph %s (%s) of wrapper %r: %s", "[injected] " if event.injected else "",
+                    event.descriptor.key, event.mode.label, event.wrapper, event.message)
+        on_divergence = getattr(self.observer, "on_divergence", None)
+        if on_divergence is not None:
+            on_divergence(event)
+        return event
 
     def collect_step_times(self, wait: bool = True) -> int:
         """Report the timed steps whose CUDA events are still unread (waiting for the GPU with

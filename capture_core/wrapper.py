@@ -41,11 +41,19 @@ from capture_core.canary import CanaryRun, MutatedInput, Written
 from capture_core.checks import AddressCheckMode, ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.errors import GraphCacheError
-from capture_core.events import CaptureEvent
+from capture_core.events import CaptureEvent, DivergenceEvent
 from capture_core.forward_context import CURRENT as _FORWARD
 from capture_core.forward_context import ForwardContext, set_forward_context, use_forward_context
 from capture_core.guard import ReplayChecks
 from capture_core.inputs import InputLayout
+from capture_core.locate import (
+    NOT_PROBED_ADOPTED,
+    NOT_PROBED_PASS,
+    PROBE_GRAPH,
+    PROBE_RERUN,
+    Divergence,
+    Probe,
+)
 from capture_core.modes import CUDAGraphMode
 from capture_core.outputs import Handouts
 from capture_core.runtime import CaptureDecision, CapturePhase, GraphRuntime
@@ -80,6 +88,9 @@ class GraphEntry:
     handouts: Handouts | None = field(default=None, repr=False)
     """In debug mode, what its replays handed out (a read of an output a later replay wrote again is
     a stale output)."""
+    captured_call: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, repr=False)
+    """The call it was captured on, where this wrapper captured it (what a probe of it runs:
+    ``capture_core.locate``)."""
 
     runs_pass: ClassVar[bool] = False
     """True for an entry replayed by ``graph.run(args, kwargs)`` (a pass of segment graphs) rather
@@ -361,6 +372,8 @@ class CUDAGraphWrapper:
             if timer is not None:
                 timer.collect()  # the comparison read its results back: the events have completed
             if mismatches:
+                if runtime.locate_divergence and self.module is not None:
+                    self._locate(entry, context, args, kwargs)
                 runtime.report_findings(self.name, context.mode, context.descriptor, mismatches)
         if debug and self.reports:  # handed out as views that know this replay (no copies)
             if entry.handouts is None:
@@ -368,6 +381,52 @@ class CUDAGraphWrapper:
                 entry.handouts = Handouts(report)
             outputs = entry.handouts.hand_out(outputs)
         return outputs
+
+    def locate(
+        self, descriptor: BatchDescriptor, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+        **context: Any,
+    ) -> DivergenceEvent:
+        """On demand: where ``descriptor``'s graph and the same step run eagerly on these inputs part
+        (``capture_core.locate``), told to the observer and returned. ``GraphCacheError`` when no such
+        graph is held or the wrapper has no module to look inside."""
+        entry = self.lookup(descriptor)
+        if entry is None or self.module is None:
+            what = "holds no graph for " + descriptor.key if entry is None else "has no module to look inside"
+            raise GraphCacheError(f"wrapper {self.name!r} {what}: nothing to locate")
+        with set_forward_context(self.runtime_mode, descriptor, **context) as forward:
+            assert forward is not None
+            return self._locate(entry, forward, tuple(args), dict(kwargs or {}))
+
+    def _locate(
+        self, entry: GraphEntry, context: ForwardContext, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> DivergenceEvent:
+        """Find where the graph and its eager step part, and tell the observer (never raises: a
+        probe that fails is told as such)."""
+        assert self.module is not None
+        runtime = self.runtime
+        if entry.runs_pass or entry.captured_call is None or not self.has_eager_form:
+            why = NOT_PROBED_PASS if entry.runs_pass else NOT_PROBED_ADOPTED
+            found = Divergence(None, None, None, (), 0, False, why)
+            message = found.probe
+        else:
+            how = PROBE_GRAPH if runtime.backend_name == "cuda" else PROBE_RERUN
+            probe = Probe(self.runnable, self.module, self.name, entry.checks.layout, entry.checks.mutated,
+                          context, entry.captured_call, (args, kwargs), self.compared, how)
+            try:
+                with runtime.capture_lock:
+                    found = probe.locate()
+                message = found.message
+            except Exception as error:  # a diagnosis must never break the engine's step
+                found = Divergence(None, None, None, (), 0, False, how)
+                first = str(error).splitlines()[0] if str(error) else ""
+                message = f"could not locate: {type(error).__name__}: {first}"
+        event = DivergenceEvent(
+            descriptor=context.descriptor, mode=context.mode, wrapper=self.name, module=found.module,
+            max_abs_error=found.max_abs_error, max_rel_error=found.max_rel_error, agreeing=found.agreeing,
+            modules_compared=found.modules_compared, reproduced=found.reproduced, probe=found.probe,
+            message=message,
+        )
+        return runtime.report_divergence(event)
 
     def _capture_or_fallback(
         self, context: ForwardContext, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -388,6 +447,7 @@ class CUDAGraphWrapper:
                 return runtime.run_eager_fallback(size, self.source.run_eagerly, call)
             unexpected = decision is CaptureDecision.CAPTURE_UNEXPECTED
             entry, outputs = self.source.capture(self, call, unexpected)
+            entry.captured_call = (args, kwargs)
             self.adopt(entry)
             return outputs
 

@@ -270,6 +270,13 @@ def _add_advise(commands: argparse._SubParsersAction) -> None:
                         help="weigh padding by these step times, a CSV of size,seconds rows, instead of "
                              "the ones the runs recorded (a trace has none: without this, padding is "
                              "counted in tokens)")
+    limits.add_argument("--gpu-memory-utilization", type=bounded(float, "a share", 0, 1, above_low=True),
+                        metavar="SHARE",
+                        help="vLLM's --gpu-memory-utilization now: with --gpu-memory-gib the advice gives "
+                             "the share that keeps its KV cache as it is, by the graph pool the advised "
+                             "sizes need")
+    limits.add_argument("--gpu-memory-gib", type=bounded(float, "GiB", 0, 1 << 20, above_low=True),
+                        metavar="GIB", help="the GPU's memory, in GiB (for --gpu-memory-utilization)")
     limits.add_argument("--include", metavar="SIZES",
                         help="sizes every advised set must hold, such as 1,2 (they count towards "
                              "--max-graphs)")

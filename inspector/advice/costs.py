@@ -5,10 +5,8 @@ advice can say what it assumed:
 
 * capture time: seconds per capture size (every graph captured at that size, FULL and piecewise
   alike), the mean over the recorded sizes; a set of ``K`` sizes takes ``K`` times that.
-* pool memory: one shared pool, captured largest first, so the largest graph grows it and smaller
-  ones mostly reuse its blocks. The model: the recorded largest size's growth, scaled by the new
-  largest size (activations grow with the token count), plus the median growth of a smaller
-  size for every other size.
+* pool memory: one shared pool, captured largest first (``inspector.advice.memory``: the largest
+  graph reserves its activations, each smaller one adds what it cannot reuse).
 
 And a step cost per token count from measured step times, to weigh padding by what it costs
 (``StepTimes``): the graph replay times a run recorded (``capture_core.step_time``), or a CSV.
@@ -24,16 +22,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-MIB = 2**20
+from inspector.advice.memory import MIB as MIB
+from inspector.advice.memory import PoolForecast, RecordedPool
 
 
 @dataclass(frozen=True)
 class RecordedGraph:
-    """One captured graph, as a run recorded it."""
+    """One captured graph, as a run recorded it (in capture order within its run)."""
 
     captured_size: int
     capture_seconds: float
     pool_bytes: int
+    run_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -41,70 +41,43 @@ class CostModel:
     """Capture time and pool memory of a set of capture sizes, fitted to recorded graphs."""
 
     seconds_per_size: float
-    largest_size: int
-    largest_pool_bytes: int
-    pool_bytes_per_other_size: float
     recorded_sizes: int
+    pool: PoolForecast | None
+    """The pool a list needs (``inspector.advice.memory``); None where no pool was recorded."""
 
     @classmethod
     def fit(cls, graphs: Iterable[RecordedGraph]) -> CostModel:
+        graphs = list(graphs)
         seconds: dict[int, float] = defaultdict(float)
-        pool: dict[int, int] = defaultdict(int)
         for graph in graphs:
             seconds[graph.captured_size] += graph.capture_seconds
-            pool[graph.captured_size] += graph.pool_bytes
         if not seconds:
             raise ValueError("no recorded graphs to model capture costs from")
-        largest = max(pool)
-        others = [pool[size] for size in pool if size != largest]
-        return cls(
-            seconds_per_size=statistics.fmean(seconds.values()),
-            largest_size=largest,
-            largest_pool_bytes=pool[largest],
-            pool_bytes_per_other_size=statistics.median(others) if others else 0.0,
-            recorded_sizes=len(seconds),
-        )
+        pool = PoolForecast.fit(RecordedPool(g.run_id, g.captured_size, g.pool_bytes) for g in graphs)
+        return cls(seconds_per_size=statistics.fmean(seconds.values()), recorded_sizes=len(seconds),
+                   pool=pool)
 
     def capture_seconds(self, sizes: Sequence[int]) -> float:
         return self.seconds_per_size * len(sizes)
 
     def pool_bytes(self, sizes: Sequence[int]) -> float:
-        largest = self.largest_pool_bytes * max(sizes) / self.largest_size
-        return largest + self.pool_bytes_per_other_size * (len(sizes) - 1)
+        return 0.0 if self.pool is None else self.pool.pool_bytes(sizes)
 
-    def most_sizes(self, max_size: int, seconds: float | None, memory_bytes: float | None) -> int | None:
-        """The most capture sizes (the largest being ``max_size``) the budgets allow; None: unbounded.
-
-        Raises ``ValueError`` when not even ``max_size`` alone fits.
-        """
-        bounds = []
-        if seconds is not None:
-            if seconds < self.seconds_per_size:
-                raise ValueError(f"a capture-time budget of {seconds:g} s fits no graph: one capture size "
-                                 f"takes {self.seconds_per_size:.3g} s here")
-            bounds.append(int(seconds // self.seconds_per_size))
-        if memory_bytes is not None:
-            alone = self.pool_bytes([max_size])
-            if memory_bytes < alone:
-                raise ValueError(f"a memory budget of {memory_bytes / MIB:g} MiB fits no graph: the largest "
-                                 f"size, {max_size}, alone needs {alone / MIB:.1f} MiB of pool")
-            if self.pool_bytes_per_other_size > 0:
-                bounds.append(1 + int((memory_bytes - alone) // self.pool_bytes_per_other_size))
-        return min(bounds) if bounds else None
+    def most_sizes(self, seconds: float) -> int:
+        """The most capture sizes a capture-time budget allows (``ValueError`` when none fits)."""
+        if seconds < self.seconds_per_size:
+            raise ValueError(f"a capture-time budget of {seconds:g} s fits no graph: one capture size "
+                             f"takes {self.seconds_per_size:.3g} s here")
+        return int(seconds // self.seconds_per_size)
 
     def describe(self) -> list[str]:
         """The model in words, for the advice's output."""
         time = (f"capture time: {self.seconds_per_size:.3g} s per capture size (the mean of the "
                 f"{self.recorded_sizes} recorded sizes, all their graphs)")
-        if not self.largest_pool_bytes and not self.pool_bytes_per_other_size:
+        if self.pool is None:
             return [time, "pool memory: none recorded (the eager backend has no graph pool), so a memory "
                           "budget bounds nothing"]
-        return [
-            time,
-            f"pool memory: one shared pool, so it grows with the largest graph: "
-            f"{self.largest_pool_bytes / MIB:.1f} MiB at {self.largest_size} tokens, scaled by the "
-            f"largest size, plus {self.pool_bytes_per_other_size / MIB:.2f} MiB (the median) per other size",
-        ]
+        return [time, self.pool.describe()]
 
 
 @dataclass(frozen=True)

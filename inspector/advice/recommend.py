@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inspector.advice.costs import CostModel
+from inspector.advice.costs import MIB, CostModel
 from inspector.advice.engines import DecodeTraffic, EngineLists, engine_lists
-from inspector.advice.sizes import Histogram, Projection, best_choices, project
+from inspector.advice.sizes import Choice, Histogram, Projection, best_choices, project
 from inspector.advice.weighing import (
     LONE_REQUEST_SLACK,
     LoneRequest,
@@ -59,6 +59,10 @@ class Advice:
     """The modelled step time of the batches each set replays, summed (weighed by time only)."""
     engines: EngineLists | None = None
     """The advised sizes as each engine takes them (decode and prefill lists apart)."""
+    gpu_memory_utilization: float | None = None
+    """vLLM's current ``--gpu-memory-utilization`` and the GPU's memory, where given: the memory
+    line then says the share that keeps the KV cache as it is (``inspector.advice.memory``)."""
+    gpu_memory_bytes: float | None = None
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -84,6 +88,8 @@ def advise(
     lone_request_slack: float = LONE_REQUEST_SLACK,
     current: Projection | None = None,
     decode: DecodeTraffic | None = None,
+    gpu_memory_utilization: float | None = None,
+    gpu_memory_bytes: float | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Advice:
     """Advise capture sizes for ``histogram``; ``UsageError`` for what cannot be advised, and why.
@@ -107,8 +113,7 @@ def advise(
         raise UsageError(f"--include {beyond[0]} is above the largest size advised ({top}); raise --max-size "
                          "or leave it out")
     weighing = weighing or Weighing.by_tokens("no step times given")
-    graphs, bounded_by = _graph_count(top, current_sizes, max_graphs, capture_time_budget,
-                                      memory_budget_bytes, costs)
+    graphs, bounded_by = _graph_count(top, current_sizes, max_graphs, capture_time_budget, costs)
     best, within, held = None, top, False
     if weighing.by_time:
         best, within = lone_request_limit(weighing.cost, top, lone_request_slack)
@@ -122,7 +127,9 @@ def advise(
     fewest = choices[0].graphs
     if graphs < fewest:
         graphs, bounded_by = fewest, f"the sizes that must be in ({fewest})"
-    chosen = choices[min(graphs - fewest, len(choices) - 1)]
+    chosen, by_memory = _fitting(choices, graphs, costs, memory_budget_bytes)
+    if by_memory:
+        graphs, bounded_by = chosen.graphs, f"the memory budget ({memory_budget_bytes / MIB:g} MiB of pool)"
     advised = project(histogram, chosen.sizes)
     timed = weighing.by_time
     return Advice(
@@ -144,6 +151,8 @@ def advise(
         advised_seconds=modelled_seconds(histogram, chosen.sizes, weighing) if timed else None,
         engines=engine_lists(chosen.sizes, histogram, decode, chosen.graphs, weighing.cost,
                              within if held else None),
+        gpu_memory_utilization=gpu_memory_utilization,
+        gpu_memory_bytes=gpu_memory_bytes,
     )
 
 
@@ -152,21 +161,36 @@ def _graph_count(
     current_sizes: Sequence[int],
     max_graphs: int | None,
     seconds: float | None,
-    memory_bytes: float | None,
     costs: CostModel | None,
 ) -> tuple[int, str]:
-    """How many capture sizes to advise, and what set that number."""
+    """How many capture sizes to advise, and what set that number (a memory budget is applied to
+    the sets themselves, once they are known: what a set needs depends on its sizes)."""
     limits: list[tuple[int, str]] = []
     if max_graphs is not None:
         limits.append((max_graphs, f"--max-graphs {max_graphs}"))
-    if costs is not None and (seconds is not None or memory_bytes is not None):
+    if costs is not None and seconds is not None:
         try:
-            allowed = costs.most_sizes(top, seconds, memory_bytes)
+            limits.append((costs.most_sizes(seconds), "the capture-time budget"))
         except ValueError as error:
             raise UsageError(str(error)) from None
-        if allowed is not None:
-            limits.append((allowed, "the budgets"))
     if not limits:
         current = len(set(current_sizes))
         return current, f"the current configuration's count ({current})"
     return min(limits)
+
+
+def _fitting(choices: Sequence[Choice], graphs: int, costs: CostModel | None, memory_bytes: float | None
+             ) -> tuple[Choice, bool]:
+    """The choice of ``graphs`` sizes (or the most available), or of fewer where the pool they need
+    (``inspector.advice.memory``) is over ``memory_bytes``: the second is True when memory set it."""
+    fewest = choices[0].graphs
+    wanted = choices[min(graphs - fewest, len(choices) - 1)]
+    if memory_bytes is None or costs is None or costs.pool is None:
+        return wanted, False
+    fits = [c for c in choices if c.graphs <= wanted.graphs and costs.pool_bytes(c.sizes) <= memory_bytes]
+    if not fits:
+        alone = costs.pool_bytes(choices[0].sizes)
+        raise UsageError(f"a memory budget of {memory_bytes / MIB:g} MiB fits no graph: the largest size, "
+                         f"{choices[0].sizes[-1]}, needs {alone / MIB:.1f} MiB of pool with the sizes that "
+                         "must be in")
+    return fits[-1], fits[-1] is not wanted

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from inspector.advice.engines import ENGINES, EngineLists, config_lines
+from inspector.advice.memory import MIB, vllm_gpu_memory_utilization
 from inspector.advice.recommend import Advice
 from inspector.advice.sizes import Projection
 
@@ -48,7 +49,30 @@ def as_dict(advice: Advice) -> dict[str, Any]:
         "cost_model": advice.costs.describe() if advice.costs is not None else None,
         "config": config_lines(_lists(advice)),
         "config_notes": list(_lists(advice).notes),
+        "memory": memory(advice),
     }
+
+
+def memory(advice: Advice) -> dict[str, Any] | None:
+    """The pool the current and advised sizes need (forecast), and vLLM's memory share that keeps its
+    KV cache as it is (None where no pool was recorded)."""
+    costs = advice.costs
+    if costs is None or costs.pool is None:
+        return None
+    now, new = costs.pool_bytes(advice.current.capture_sizes), costs.pool_bytes(advice.sizes)
+    share = None
+    if advice.gpu_memory_utilization is not None and advice.gpu_memory_bytes:
+        share = vllm_gpu_memory_utilization(advice.gpu_memory_utilization, now, new,
+                                            advice.gpu_memory_bytes)
+        line = (f"--gpu-memory-utilization {share:.4f} (was {advice.gpu_memory_utilization:g}: the graph "
+                f"pool goes {now / MIB:.1f} -> {new / MIB:.1f} MiB and vLLM counts it in that share, so the "
+                "KV cache stays as it was)")
+    else:
+        line = (f"the graph pool goes {now / MIB:.1f} -> {new / MIB:.1f} MiB: to keep vLLM's KV cache as it "
+                f"is, move --gpu-memory-utilization by {(new - now) / MIB:+.1f} MiB over the GPU's memory "
+                "(give --gpu-memory-utilization and --gpu-memory-gib for the figure)")
+    return {"current_pool_bytes": round(now), "advised_pool_bytes": round(new),
+            "vllm_gpu_memory_utilization": share, "vllm": line}
 
 
 def _lists(advice: Advice) -> EngineLists:
@@ -119,6 +143,9 @@ def render_text(advice: Advice) -> str:
         lines.append(f"  lone request     {advice.lone_request.describe()}")
     if advice.costs is not None:
         lines += [f"  cost model       {line}" for line in advice.costs.describe()]
+    held = memory(advice)
+    if held is not None:
+        lines.append(f"  memory           {held['vllm']}")
     lines.append("paste:")
     lists = _lists(advice)
     lines += [f"  {ENGINES[engine]:<22}{line}" for engine, line in config_lines(lists).items() if line]

@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
             max_size=args.max_size, costs=traffic.costs, weighing=weighing, include=include,
             lone_request_slack=args.lone_request_slack / 100,
             current=traffic.current if args.current is None else None, decode=traffic.decode,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            gpu_memory_bytes=None if args.gpu_memory_gib is None else args.gpu_memory_gib * 2**30,
             progress=progress,
         )
     if args.format == "json":

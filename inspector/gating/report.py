@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 
 from inspector.errors import UsageError
 from inspector.gating.gate import REGRESSION, SKIPPED, Comparison, GateResult
+from inspector.reading.divergences import REPLAY_MISMATCH, newest_divergences
 from inspector.reading.graph_worth import MARKS, GraphWorth, graph_worth
 from inspector.reading.traffic import (
     TrafficTotals,
@@ -60,6 +61,8 @@ class ReportedViolation:
     first_seen_at: float | None = None
     last_seen_at: float | None = None
     stack: str = ""
+    located: str = ""
+    """For a replay mismatch: where the graph and its eager step part (``capture_core.locate``)."""
 
     @property
     def title(self) -> str:
@@ -89,6 +92,8 @@ class ReportedViolation:
         if self.addresses():
             lines.append(f"input {self.input_name!r}: {self.addresses()}")
         lines.append(f"graph {self.descriptor} mode {self.mode} wrapper {self.wrapper!r}")
+        if self.located:
+            lines.append(f"located: {self.located}")
         lines.append(f"seen {self.count} time(s){' [injected on purpose]' if self.injected else ''}")
         if self.where:
             lines.append(f"in {self.where}")
@@ -280,6 +285,7 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
         for rid, dropped in losses.runs.items():
             runs[rid].dropped = dropped
         findings = []
+        located = newest_divergences(session, selected)
         for v in session.scalars(
             select(Violation).where(Violation.run_id.in_(selected)).order_by(Violation.run_id, Violation.id)
         ):
@@ -300,6 +306,8 @@ def build_report(store: Store, run_id: int | None = None) -> Report:
                     first_seen_at=v.first_seen_at,
                     last_seen_at=v.last_seen_at,
                     stack=v.stack,
+                    located=located.get((v.run_id, v.mode, v.descriptor_key), "") if v.kind == REPLAY_MISMATCH
+                    else "",
                 )
             )
         notes = [

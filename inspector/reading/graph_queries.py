@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 
 from inspector.advice.costs import RecordedGraph
 from inspector.reading import fields
+from inspector.reading.divergences import with_divergences
 from inspector.reading.graph_worth import graph_worth
 from inspector.reading.listing import VIOLATION_ORDER, Page, equal, page_of
 from inspector.reading.run_queries import RunQueries
@@ -70,16 +71,17 @@ class GraphQueries(RunQueries):
         return Page(items, page, per_page, total)
 
     def start_up_graphs(self, run_ids: Sequence[int] | None = None) -> list[RecordedGraph]:
-        """Each graph the runs (every run when None) captured at start-up, not the unexpected ones:
-        what the advice's cost model is fitted to."""
-        query = select(Graph.captured_size, Graph.capture_seconds, Graph.pool_bytes).where(
+        """Each graph the runs (every run when None) captured at start-up, not the unexpected ones, in
+        capture order: what the advice's cost model is fitted to."""
+        query = select(Graph.captured_size, Graph.capture_seconds, Graph.pool_bytes, Graph.run_id).where(
             Graph.unexpected.is_(False), Graph.discarded.is_(False))
         if run_ids is not None:
             query = query.where(Graph.run_id.in_(run_ids))
         with self._session() as session:
             return [
-                RecordedGraph(captured_size=int(size), capture_seconds=float(seconds), pool_bytes=int(pool))
-                for size, seconds, pool in session.execute(query.order_by(Graph.id))
+                RecordedGraph(captured_size=int(size), capture_seconds=float(seconds), pool_bytes=int(pool),
+                              run_id=int(run))
+                for size, seconds, pool, run in session.execute(query.order_by(Graph.id))
             ]
 
     def step_times_by_size(
@@ -187,7 +189,7 @@ class GraphQueries(RunQueries):
                 "traffic": traffic.as_dict(),
                 "step_time": None if worth is None else worth.as_dict(),
                 "history": [_window_fields(*window) for window in reversed(windows)],
-                "violations": fields.linked_violations(session, violations),
+                "violations": with_divergences(session, fields.linked_violations(session, violations)),
             }
 
 

@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 from capture_core.events import ViolationKind
 from inspector.ranks.check import captured_graphs, job_runs, rank_matrix
 from inspector.reading import fields
+from inspector.reading.divergences import with_divergences
 from inspector.reading.listing import VIOLATION_ORDER, Page
 from inspector.reading.run_queries import RunQueries
 from inspector.reading.traffic import replay_totals
@@ -81,8 +82,9 @@ class JobQueries(RunQueries):
                 .order_by(*VIOLATION_ORDER)
             ).all()
             rank_of = {run.run_id: rank for rank, run in ranks.items()}
-            divergences = [{"rank": rank_of[v.run_id], "violation": linked}
-                           for v, linked in zip(found, fields.linked_violations(session, found), strict=True)]
+            listed = with_divergences(session, fields.linked_violations(session, found))
+            divergences = [{"rank": rank_of[v.run_id], "violation": item} for v, item in zip(found, listed,
+                                                                                              strict=True)]
             diverged = {(rank_of[v.run_id], v.mode, v.descriptor_key) for v in found}
             per_run = {run_id: sum(1 for v in found if v.run_id == run_id) for run_id in run_ids}  # findings
             # One query for the runs, not one a rank.

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 
 from inspector.reading import fields
+from inspector.reading.divergences import with_divergences
 from inspector.reading.graph_queries import GraphQueries
 from inspector.reading.job_queries import JobQueries
 from inspector.reading.listing import VIOLATION_ORDER, Page, equal, page_of
@@ -149,12 +150,15 @@ class Queries(GraphQueries, JobQueries):
         filters = equal((Violation.run_id, run_id), (Violation.kind, kind))
         with self._session() as session:
             total, rows = page_of(session, Violation, filters, VIOLATION_ORDER, page, per_page)
-            return Page(fields.linked_violations(session, rows), page, per_page, total)
+            items = with_divergences(session, fields.linked_violations(session, rows))
+            return Page(items, page, per_page, total)
 
     def violation(self, violation_id: int) -> dict[str, Any] | None:
         with self._session() as session:
             found = session.get(Violation, violation_id)
-            return fields.linked_violations(session, [found])[0] if found else None
+            if found is None:
+                return None
+            return with_divergences(session, fields.linked_violations(session, [found]))[0]
 
     # torch.compile
 

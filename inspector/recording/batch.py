@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capture_core.descriptor import BatchDescriptor
-from capture_core.events import CaptureEvent, ViolationEvent
+from capture_core.events import CaptureEvent, DivergenceEvent, ViolationEvent
 from capture_core.modes import CUDAGraphMode
 from inspector.ranks.steps import StepSegment
 from inspector.recording.losses import Losses
@@ -87,11 +87,13 @@ class PendingRecords:
     limit: int
     captures: list[CaptureEvent] = field(default_factory=list)
     violations: dict[ViolationKey, PendingViolation] = field(default_factory=dict)
+    divergences: list[DivergenceEvent] = field(default_factory=list)
+    """Where graphs part from their eager steps (the located detail of a ``replay_mismatch``)."""
     all_captures: list[CaptureEvent] = field(default_factory=list)
     resend_graphs: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.captures or self.violations)
+        return bool(self.captures or self.violations or self.divergences)
 
     def add_capture(self, event: CaptureEvent) -> bool:
         if len(self.captures) >= self.limit:
@@ -112,6 +114,12 @@ class PendingRecords:
             self.violations[key] = PendingViolation(event, 1, event.seen_at, event.seen_at)
         return True
 
+    def add_divergence(self, event: DivergenceEvent) -> bool:
+        if len(self.divergences) >= self.limit:
+            return False
+        self.divergences.append(event)
+        return True
+
     def captures_to_write(self) -> list[CaptureEvent]:
         if not self.resend_graphs:
             return list(self.captures)
@@ -120,8 +128,10 @@ class PendingRecords:
 
     def clear(self) -> Losses:
         """Forget what is pending (it was committed, or is given up); how many events that was."""
-        occurrences = sum(v.count for v in self.violations.values())
+        # A divergence is the located detail of a violation: one lost counts as a violation's occurrence.
+        occurrences = sum(v.count for v in self.violations.values()) + len(self.divergences)
         events = Losses(captures=len(self.captures), violations=occurrences)
+        self.divergences.clear()
         self.captures.clear()
         self.violations.clear()
         return events
@@ -273,3 +283,4 @@ class FlushBatch:
     ended_at: float | None = None
     steps: StepSegment | None = None
     """This rank's steps since the last committed window (ranks of a job only)."""
+    divergences: list[DivergenceEvent] = field(default_factory=list)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any, NamedTuple
 
-from capture_core.events import CaptureEvent, ViolationEvent
+from capture_core.events import CaptureEvent, DivergenceEvent, ViolationEvent
 from inspector.errors import DatabaseError
 from inspector.ranks.check import RankCheck
 from inspector.ranks.steps import StepLog
@@ -105,10 +105,12 @@ class Flusher:
     def __init__(self, url: str, info: RunInfo, max_pending: int, *, replays: dict[ReplayKey, list[int]],
                  eager: dict[EagerKey, list[int]], step_times: dict[StepTimeKey, StepTimeSums],
                  captures: deque[CaptureEvent], violations: deque[ViolationEvent], arrivals: Losses,
-                 step_log: StepLog | None, since: Counts | None = None) -> None:
+                 step_log: StepLog | None, divergences: deque[DivergenceEvent] | None = None,
+                 since: Counts | None = None) -> None:
         self.url, self.info = url, info
         self._replays, self._eager, self._step_times = replays, eager, step_times
         self._captures, self._violations, self._arrivals = captures, violations, arrivals
+        self._divergences: deque[DivergenceEvent] = divergences if divergences is not None else deque()
         self.step_log = step_log
         self._rank_check = RankCheck.of(info)
         self.store: Store | None = None
@@ -165,6 +167,9 @@ class Flusher:
         while self._violations:
             if not self._admit(self.pending.add_violation, self._violations.popleft()):
                 self._lose(Losses(violations=1), "a violation")
+        while self._divergences:  # the located detail of a violation: counted as one when lost
+            if not self._admit(self.pending.add_divergence, self._divergences.popleft()):
+                self._lose(Losses(violations=1), "a located divergence")
 
     @staticmethod
     def _admit(add: Any, event: Any) -> bool:
@@ -200,6 +205,7 @@ class Flusher:
             batch = FlushBatch(
                 captures=self.pending.captures_to_write(),
                 violations=dict(self.pending.violations),
+                divergences=list(self.pending.divergences),
                 traffic=traffic,
                 backend=self._backend,
                 losses=self.losses(),
@@ -257,7 +263,7 @@ class Flusher:
     def _shed(self, batch: FlushBatch, counts: Counts | None, error: BaseException) -> None:
         """The database refused the batch as it is (a value it cannot store), which no retry can
         change: give up its records, or, when it had none, its traffic, so the rest gets through."""
-        if batch.captures or batch.violations:
+        if batch.captures or batch.violations or batch.divergences:
             lost, what = self.pending.shed(), "records the database refused"
         elif counts is not None:
             lost, what = Losses(), "a traffic window the database refused"

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from capture_core.descriptor import BatchDescriptor
-from capture_core.events import CaptureEvent, FanOutObserver, NullObserver, ViolationEvent
+from capture_core.events import CaptureEvent, DivergenceEvent, FanOutObserver, NullObserver, ViolationEvent
 from capture_core.modes import CUDAGraphMode
 from capture_core.sizes import EagerReason
 from capture_core.step_time import CLOCKS, CUDA_EVENTS
@@ -111,12 +111,13 @@ class Recorder:
         # Rare events, appended by the engine, drained by the flush thread.
         self._capture_queue: deque[CaptureEvent] = deque()
         self._violation_queue: deque[ViolationEvent] = deque()
+        self._divergence_queue: deque[DivergenceEvent] = deque()
         self._arrival_losses = Losses()
         """Dropped by the engine's thread (queue full, or closed); the flush thread's are apart."""
         self._flusher = Flusher(self.url, self.info, self.max_pending, replays=self._replays,
                                 eager=self._eager, step_times=self._step_times, captures=self._capture_queue,
-                                violations=self._violation_queue, arrivals=self._arrival_losses,
-                                step_log=self.step_log, since=since)
+                                violations=self._violation_queue, divergences=self._divergence_queue,
+                                arrivals=self._arrival_losses, step_log=self.step_log, since=since)
         """The flush thread's state, and its writes."""
         # Coordination.
         self._gate = threading.Lock()
@@ -173,6 +174,14 @@ class Recorder:
         steps = self._steps
         if steps is not None:
             steps.append(cell)
+
+    def on_divergence(self, event: DivergenceEvent) -> None:
+        """Where a graph and its eager step part (rare: after a ``replay_mismatch``); written promptly."""
+        if self._closed or len(self._divergence_queue) >= self.max_pending:
+            self._arrival_losses.violations += 1
+            return
+        self._divergence_queue.append(event)
+        self._wake.set()
 
     def on_step_time(
         self,

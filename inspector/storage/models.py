@@ -216,6 +216,31 @@ class Violation(DescriptorColumns, Base):
     )
 
 
+class Divergence(DescriptorColumns, Base):
+    """Where a graph and the same step run eagerly part: the first module whose output differs, as a
+    probe found it after a ``replay_mismatch`` or on demand (``capture_core.locate``). One row each."""
+
+    __tablename__ = "divergences"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    wrapper: Mapped[str] = mapped_column(String(200))
+    module: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    """The first module whose output differs (None: none located; ``message`` says why)."""
+    max_abs_error: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_rel_error: Mapped[float | None] = mapped_column(Float, nullable=True)
+    agreeing: Mapped[str] = mapped_column(Text, default="[]")
+    """JSON list: the modules that finished before it and agree (the outermost of them)."""
+    modules_compared: Mapped[int] = mapped_column(Integer, default=0)
+    reproduced: Mapped[bool] = mapped_column(Boolean, default=False)
+    probe: Mapped[str] = mapped_column(String(200))
+    message: Mapped[str] = mapped_column(Text)
+    injected: Mapped[bool] = mapped_column(Boolean, default=False)
+    seen_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index(None, "run_id", "mode", "descriptor_key"),)
+
+
 class ReplayTotal(DescriptorColumns, Base):
     """Running totals of one graph key's replays in one run (one row per run, mode and descriptor).
 

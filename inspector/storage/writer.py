@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, bindparam, insert, select, tuple_, update
 
 from capture_core.descriptor import BatchDescriptor
-from capture_core.events import CaptureEvent
+from capture_core.events import CaptureEvent, DivergenceEvent
 from capture_core.modes import CUDAGraphMode
 from inspector.ranks.steps import StepSegment
 from inspector.recording.batch import (
@@ -183,6 +183,32 @@ def insert_violations(
     """One row per new finding; finding key -> id."""
     rows = [violation_values(run_id, p) for p in pending.values()]
     return dict(zip(pending, _insert_returning_ids(conn, models.Violation, rows), strict=True))
+
+
+def insert_divergences(conn: Connection, run_id: int, events: Sequence[DivergenceEvent]) -> None:
+    """One row per divergence located."""
+    if not events:
+        return
+    conn.execute(insert(models.Divergence), [storable_row(models.Divergence, {
+        "run_id": run_id,
+        "wrapper": event.wrapper,
+        "module": event.module,
+        "max_abs_error": _finite(event.max_abs_error),
+        "max_rel_error": _finite(event.max_rel_error),
+        "agreeing": storable_json(list(event.agreeing)),
+        "modules_compared": int(event.modules_compared),
+        "reproduced": bool(event.reproduced),
+        "probe": event.probe,
+        "message": event.message,
+        "injected": bool(event.injected),
+        "seen_at": float(event.seen_at),
+        **descriptor_values(event.mode, event.descriptor),
+    }, json_columns=frozenset({"agreeing"})) for event in events])
+
+
+def _finite(value: float | None) -> float | None:
+    """An error as a column holds it: an infinite one (the runs went through other modules) is None."""
+    return None if value is None or value != value or value in (float("inf"), float("-inf")) else float(value)
 
 
 def add_to_violation(conn: Connection, violation_id: int, count: int, last_seen_at: float) -> None:
@@ -436,6 +462,7 @@ class RunWriter:
                 if key not in new:
                     last_seen[key] = max(self.violation_last_seen.get(key, 0.0), pending.last_seen_at)
                     add_to_violation(conn, self.violation_ids[key], pending.count, last_seen[key])
+            insert_divergences(conn, run_id, batch.divergences)
             ids = ChainMap(graphs, self.graph_ids)
             totals = append_traffic(conn, run_id, [batch.traffic], ids, self.totals, now)
             if batch.steps is not None:

@@ -1,5 +1,6 @@
-"""bench/gpu_step_time.py and bench/advice_time.py run as documented (their quick forms, as real
-processes), and what they write hangs together: a step-time curve per model that the advice reads."""
+"""bench/gpu_step_time.py, bench/advice_time.py and bench/gpu_memory_forecast.py run as documented
+(their quick forms, as real processes), and what they write hangs together: a step-time curve per
+model that the advice reads, a forecast per list beside its real capture."""
 
 from __future__ import annotations
 
@@ -65,3 +66,19 @@ def test_the_advice_on_time_benchmark_judges_both_advices_by_the_step_time_model
     bad = subprocess.run([sys.executable, "bench/advice_time.py", "--out", str(tmp_path / "x.json")],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--step-times CSV is needed" in bad.stderr
+
+
+def test_the_memory_forecast_benchmark_forecasts_each_list_beside_its_real_capture(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_memory_forecast.json"
+    payload, stdout = run("gpu_memory_forecast", "--quick", "--out", str(out))
+    (result,) = payload["results"]
+    lists = {row["list"]: row for row in result["lists"]}
+    assert list(lists) == ["recorded list", "powers of two", "advised, 2 graphs", "advised, 3 graphs"]
+    assert lists["recorded list"]["sizes"] == [1, 2, 4, 8] and len(lists["advised, 3 graphs"]["sizes"]) == 3
+    if ON_CUDA:
+        assert all(row["real_bytes"] > 0 and row["forecast_bytes"] > 0 for row in lists.values())
+        assert abs(lists["recorded list"]["error"]) < 1e-9, "the recorded list comes out as recorded"
+    else:
+        assert all(row["forecast_bytes"] is None for row in lists.values())
+        assert all(t["met"] is None for t in payload["targets"]) and "no graph pool" in payload["notes"][0]
+    assert "Targets" in stdout
