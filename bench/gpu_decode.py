@@ -8,8 +8,10 @@ request) is timed as:
 * ``bare``: the limit, hand-written CUDA graphs (``bench/bare_graphs.py``): copy in, replay, clone out;
 * ``runner``: ``capture_core.runner.DecodeRunner`` with a real inspector ``Recorder`` as observer
   (SQLite in a temp dir, its flush thread running), address check off; ``+check``: the same runner
-  with the always-on address check; ``+debug``: with debug checks. The runner's logits are cloned
-  out, as the bare loop's are;
+  with the always-on address check, its sampled replays timed (step timing is on by default,
+  ``capture_core.step_time``: CUDA events around a sampled replay, read later; an unsampled replay
+  runs what it ran before), so its ratio to bare is the runner's with timing on; ``+debug``: with
+  debug checks. The runner's logits are cloned out, as the bare loop's are;
 * ``compile``: ``torch.compile(model, mode="reduce-overhead")``, the peer, with its outputs cloned.
   Whether it graphs at all is reported: CUDA graphs captured by its cudagraph trees (counted at
   ``CUDAGraph.capture_begin``) and its cudagraph skips (the inductor counter and the reasons it
