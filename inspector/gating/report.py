@@ -176,6 +176,8 @@ class GraphTime:
     def advice(self) -> list[str]:
         """A line per mark: what is said of it, with the figures."""
         w = self.worth
+        if not w.marks:  # a graph is marked only once both its times are known
+            return []
         figures = (f"speedup x{w.speedup:.2f}: replay {_ms(w.graph.mean)}, eager {_ms(w.eager.mean)}; "
                    f"saved {w.saved_seconds:.3g} s over {w.replays:,} replays against "
                    f"{w.capture_seconds:.3g} s of capture")

@@ -135,11 +135,21 @@ def test_a_clean_run_has_no_marks_and_says_so_nowhere(db_url: str) -> None:
         for _ in range(100):
             recorder.on_replay(FULL, FAST, 8)
         recorder.on_step_time(FULL, FAST, 0.001, 0.003)
-    (graph,) = graphs_by_size(db_url).values()
-    assert graph["step_time"]["speedup"] == pytest.approx(3.0) and graph["step_time"]["marks"] == []
+        # A graph whose replays were timed but never the same step eagerly (the canary off): no
+        # speedup, so nothing is claimed of it.
+        recorder.on_capture(dataclasses.replace(capture(SLOW), backend="cuda", capture_seconds=0.01))
+        recorder.on_replay(FULL, SLOW, 16)
+        recorder.on_step_time(FULL, SLOW, 0.002, None)
+    graphs = graphs_by_size(db_url)
+    fast, replay_only = graphs[8]["step_time"], graphs[16]["step_time"]
+    assert fast["speedup"] == pytest.approx(3.0) and fast["marks"] == []
+    assert replay_only["graph_samples"] == 1 and replay_only["eager_samples"] == 0
+    assert (replay_only["speedup"], replay_only["saved_seconds"], replay_only["marks"]) == (None, None, [])
     store = open_store(db_url, upgrade=False)
     try:
-        assert "advice: " not in render_text(build_report(store))
+        text = render_text(build_report(store))
+        assert "advice: " not in text
+        assert "1 graph(s) timed against eager, speedup x3.00 (size 8) to x3.00 (size 8)" in text
     finally:
         store.dispose()
 
