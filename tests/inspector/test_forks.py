@@ -19,9 +19,10 @@ from workers import fetch_rows
 
 from inspector.recording import forks
 from inspector.recording.recorder import Recorder
-from inspector.storage.models import ReplayWindow, Run
+from inspector.storage.models import ReplayWindow, Run, StepTime
 from tests.support import forking
 from tests.support.forking import (
+    DESCRIPTOR,
     OWN_LABEL,
     PARENT_LABEL,
     Busy,
@@ -30,6 +31,7 @@ from tests.support.forking import (
     slow_writes,
     start_children,
 )
+from tests.support.recording import FULL
 
 EVENTS = 10_000
 
@@ -174,3 +176,27 @@ def test_a_recorder_made_in_the_parent_and_started_in_the_child_is_the_child_s(t
         ReplayWindow, ReplayWindow.run_id == Run.id).group_by(Run.id)
     [(run_pid, rank, replays)] = fetch_rows(url, runs)
     assert (run_pid, rank, replays) == (pid, 3, 10)
+
+
+def test_a_forked_child_s_run_times_only_the_steps_it_timed(tmp_path) -> None:
+    """Step times are sums too: the child's run counts from the fork, as its replays do."""
+    url = f"sqlite:///{tmp_path / 'timed.db'}"
+    recorder = Recorder(url, label=PARENT_LABEL, flush_interval=0.05).start()
+    recorder.on_step_time(FULL, DESCRIPTOR, 0.001, 0.002, samples=2)
+    assert recorder.flush(timeout=10)
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            recorder.on_step_time(FULL, DESCRIPTOR, 0.003, None)
+            recorder.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    recorder.close()
+    timed = select(Run.pid, StepTime.graph_seconds, StepTime.graph_samples, StepTime.eager_samples).join(
+        Run, Run.id == StepTime.run_id)
+    rows = {row[0]: tuple(row[1:]) for row in fetch_rows(url, timed)}
+    assert rows == {os.getpid(): (pytest.approx(0.002), 2, 2), pid: (pytest.approx(0.003), 1, 0)}
