@@ -82,7 +82,7 @@ def recorded_costs(url: str) -> CostModel:
 
     store = open_store(url, upgrade=False)
     try:
-        return CostModel.fit(RecordedGraph(*graph) for graph in Queries(store.engine).start_up_graphs())
+        return CostModel.fit(Queries(store.engine).start_up_graphs())
     finally:
         store.dispose()
 

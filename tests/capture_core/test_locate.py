@@ -85,7 +85,9 @@ def test_on_demand_a_clean_graph_locates_nothing_and_says_why() -> None:
 
 def test_debug_mode_locates_before_it_raises() -> None:
     observer = Observer()
-    graph = BakedGraph.build(observer, address_check="debug")
+    # Declared unread, the baked value passes the guard (debug mode would raise its finding first):
+    # the canary's mismatch is what raises, once located.
+    graph = BakedGraph.build(observer, address_check="debug", unread=("layer_scale",))
     graph.step()
     with pytest.raises(ReplayMismatchError):
         graph.step(layer_scale=2.0)

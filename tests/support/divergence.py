@@ -4,8 +4,10 @@ layer, served by a graph wrapper with every check and the canary on (CPU and CUD
 ``BakedLayerDecoder`` scales one layer's output by a Python float it is called with
 (``layer_scale``): a graph captured with 1.0 keeps computing 1.0 whatever a later call passes, on the
 eager backend (whose replay re-runs the call as captured) as on CUDA. The fault is planted by
-calling the graph with another value; the canary finds the logits differ, and the probe must find
-that the first module to differ is that layer, every module before it agreeing. (Not the last layer:
+calling the graph with another value: the guard reports it as a ``baked_value_changed`` argument,
+and the canary finds the logits differ; the probe must find that the first module to differ is that
+layer, every module before it agreeing. ``unread=("layer_scale",)`` declares (wrongly) that the
+graph does not read it: then the canary alone finds it. (Not the last layer:
 the final RMSNorm divides a scale of the last layer's output away, and the logits agree.)
 """
 
@@ -68,7 +70,7 @@ class BakedGraph:
 
     @classmethod
     def build(cls, observer: Any, backend: str = "eager", baked_layer: int = BAKED_LAYER,
-              **runtime_options: Any) -> BakedGraph:
+              unread: tuple[str, ...] = (), **runtime_options: Any) -> BakedGraph:
         device = "cuda" if backend == "cuda" else "cpu"
         config = ModelConfig.tiny(num_layers=4, max_num_seqs=SIZE, max_seq_len=32, device=device)
         model = BakedLayerDecoder(config, baked_layer, seed=5)
@@ -77,7 +79,7 @@ class BakedGraph:
                                warmup_iters=1 if backend == "eager" else 2, **runtime_options)
         wrapper = CUDAGraphWrapper(model, runtime, CUDAGraphMode.FULL, name="decoder",
                                    per_step_inputs=["input_ids", "positions", "slot_ids"],
-                                   mutated_inputs={"kv_cache": model.kv_written})
+                                   mutated_inputs={"kv_cache": model.kv_written}, unread=unread)
         tokens = tuple(torch.zeros(SIZE, dtype=torch.long, device=device) for _ in range(3))
         graph = cls(runtime, model, wrapper, tokens, model.new_kv_cache())  # type: ignore[arg-type]
         with runtime.capture_phase():
