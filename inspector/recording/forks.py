@@ -36,10 +36,21 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from inspector.recording.recorder import Recorder
+
+class ForkAware(Protocol):
+    """What a fork asks of a recorder (``Recorder`` is one; this module imports none, so that the
+    recorder's module, which imports this one, is imported by nothing it imports)."""
+
+    def hold_for_fork(self, timeout: float) -> bool: ...
+
+    def release_after_fork(self) -> None: ...
+
+    def carry_into_child(self, parent: int, *, quiesced: bool) -> None: ...
+
+
+R = TypeVar("R", bound=ForkAware)
 
 FORK_WAIT_S = 10.0
 """How long a fork waits for a write under way to end (a SQLite write waits 5 s at most for its
@@ -48,13 +59,13 @@ EXIT_PRIORITY = 10
 """``multiprocessing``'s finalizers with a priority run first, highest first, before it joins its
 own children."""
 
-_recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
+_recorders: weakref.WeakSet[ForkAware] = weakref.WeakSet()
 """Every recorder started in this process (closed ones too)."""
-_held: list[Recorder] = []
+_held: list[ForkAware] = []
 """The recorders whose gates ``_before`` holds, until the fork is made."""
 
 
-def track(recorder: Recorder) -> None:
+def track(recorder: ForkAware) -> None:
     _recorders.add(recorder)
 
 
@@ -70,7 +81,7 @@ def on_exit(close: Callable[[], None]) -> Callable[[], None]:
     return Finalize(None, close, exitpriority=EXIT_PRIORITY).cancel
 
 
-def once_started(recorder: Recorder, set_up: Callable[[Recorder], None]) -> None:
+def once_started(recorder: R, set_up: Callable[[R], None]) -> None:
     """In a child just forked: ``set_up(recorder)`` once ``multiprocessing`` has started the child
     (it clears the finalizers it inherited after the fork, then runs its after-fork hooks)."""
     util = sys.modules.get("multiprocessing.util")
