@@ -33,6 +33,7 @@ from inspector.reading.traffic import (
 from inspector.recording.losses import Losses, Sidecar, run_losses
 from inspector.storage.models import CompileRecord, Graph, ReplayTotal, Run, Violation
 from inspector.storage.store import Store
+from inspector.storage.writer import UNKNOWN_BACKEND
 
 FORMATS = ("text", "json", "junit")
 SUITE = "graph-inspector"
@@ -338,8 +339,9 @@ def render_text(report: Report) -> str:
     for run in report.runs:
         state = "ended" if run.ended_at is not None else "not ended (live, or killed)"
         traffic = run.traffic
+        backend = "no graph backend (nothing captured)" if run.backend == UNKNOWN_BACKEND else run.backend
         lines.append(
-            f"  {run.name}: {run.backend} on {run.device}, {state}; {run.graphs} graphs, "
+            f"  {run.name}: {backend} on {run.device}, {state}; {run.graphs} graphs, "
             f"{traffic.replays} replays, hit ratio {_percent(traffic.hit_ratio)}, "
             f"padding waste {_percent(traffic.padding_waste)}, {run.violations} violation(s)"
         )

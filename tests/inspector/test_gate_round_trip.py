@@ -263,6 +263,7 @@ def test_a_run_that_captured_no_graph_is_warned_about_and_fails_the_gate(
     text = cli("report", "--db", url)
     assert text.returncode == 0, "a warning, not a violation"
     assert f"    warning: {NEVER_CAPTURED}" in text.stdout
+    assert "no graph backend (nothing captured) on cpu" in text.stdout  # not 'unknown on cpu'
     payload = json.loads(cli("report", "--db", url, "--format", "json").stdout)
     assert payload["runs"][0]["warnings"] == [NEVER_CAPTURED]
     cli("report", "--db", url, "--format", "junit", "--output", str(tmp_path / "r.xml"))
