@@ -13,7 +13,12 @@ The ``full`` plan, in serving order: V2 off/on x3 (tokens/s, tokens identical, s
 ``graph-inspector advise`` on the first ``on`` run's database and a new V2 process built on the
 advised sizes (while the rest serve): the V1 runner with vLLM's own ``--cudagraph-metrics``
 (``CUDAGraphStat`` against what was recorded), each runner with the planted faults, the engine core
-in its own process, and last the advised run (the padding the advice predicted, seen).
+in its own process, and last the advised run (the padding the advice predicted, seen). The
+``final`` plan: ``--pairs`` V2 off/on pairs, each runner with the planted faults, then one V2
+process off and one on under cProfile (where an attached step's host time goes).
+
+Every process builds and waits on the cores from 4 up and serves alone on cores 0-3 (``SERVE_CPUS``),
+and the next serves only once the last has exited: no process is timed beside another's work.
 
 Each process is ``bench/vllm_serve.py``. A deadline bounds the whole (a process that overruns its
 serve is killed and the plan goes on); the summary JSON and one archive of every result, log and
@@ -40,22 +45,33 @@ SERVE = HERE / "vllm_serve.py"
 KV = ["--kv-cache-gib", "2"]
 
 
-def plan(name: str, steps: int) -> list[dict[str, Any]]:
+SERVE_CPUS = "0-3"
+"""The cores every process serves on (each alone on them); the others build and wait elsewhere."""
+
+
+def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
     """The processes of a plan: tag, build group, serving position, database or not, options."""
     shared = ["--steps", str(steps)]
     compare = [{"tag": f"v2-{'on' if i % 2 else 'off'}-{i // 2 + 1}", "group": 1, "serve": i,
-                "db": bool(i % 2), "args": [*shared, "--runner", "v2", *KV]} for i in range(6)]
+                "db": bool(i % 2), "args": [*shared, "--runner", "v2", *KV]} for i in range(2 * pairs)]
     if name == "compare":
         return compare
-    full = [
-        {"tag": "v1-on", "group": 0, "serve": 10, "db": True,
-         "args": [*shared, "--runner", "v1", "--cudagraph-metrics", "--canary"]},
-        *compare,
-        {"tag": "v1-faults", "group": 1, "serve": 11, "db": True,
+    faults = [
+        {"tag": "v1-faults", "group": 1, "serve": 51, "db": True,
          "args": [*shared, "--runner", "v1", "--faults", *KV]},
-        {"tag": "v2-faults", "group": 1, "serve": 12, "db": True,
+        {"tag": "v2-faults", "group": 1, "serve": 52, "db": True,
          "args": [*shared, "--runner", "v2", "--faults", *KV]},
-        {"tag": "v2-multiproc", "group": 1, "serve": 13, "db": True,
+    ]
+    if name == "final":  # the comparison, the faults, and where an attached step's host time goes
+        profiles = [{"tag": f"v2-profile-{side}", "group": 1, "serve": 60 + i, "db": side == "on",
+                     "args": [*shared, "--runner", "v2", "--profile", *KV]}
+                    for i, side in enumerate(("off", "on"))]
+        return [*compare, *faults, *profiles]
+    full = [
+        {"tag": "v1-on", "group": 0, "serve": 50, "db": True,
+         "args": [*shared, "--runner", "v1", "--cudagraph-metrics", "--canary"]},
+        *compare, *faults,
+        {"tag": "v2-multiproc", "group": 1, "serve": 53, "db": True,
          "args": ["--steps", str(max(steps // 3, 300)), "--runner", "v2", "--multiproc", *KV]},
     ]
     if name == "checks":  # the comparison, the V1 runner with vLLM's metrics and the canary, the faults
@@ -79,11 +95,20 @@ class Plan:
         command = [sys.executable, str(SERVE), "--tag", tag, "--out", str(work / f"{tag}.json"), "--db", db,
                    "--init-gate", str(gate), "--ready-file", str(files["ready"]),
                    "--go-file", str(files["go"]), "--done-file", str(files["done"]),
-                   *spec["args"], *self.extra]
+                   "--serve-cpus", SERVE_CPUS, *spec["args"], *self.extra]
         env = dict(os.environ, VLLM_CACHE_ROOT=str(work / f"cache-{tag}"), PYTHONUNBUFFERED="1")
         log = open(work / f"{tag}.log", "w")  # noqa: SIM115 (closed in finish)
         self.procs[tag] = {"spec": spec, "files": files, "log": log,
-                           "proc": subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)}
+                           "proc": subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                    preexec_fn=self.off_serving_cores)}
+
+    @staticmethod
+    def off_serving_cores() -> None:
+        """A process builds and waits on the cores no process serves on (it moves when served)."""
+        serving = {int(c) for c in SERVE_CPUS.split("-")}
+        rest = set(os.sched_getaffinity(0)) - set(range(min(serving), max(serving) + 1))
+        if rest:
+            os.sched_setaffinity(0, rest)
 
     def wait(self, tags: list[str], file: str, timeout_s: float) -> list[str]:
         """Wait until each process wrote ``file`` (or died); the tags that did not in time."""
@@ -98,11 +123,16 @@ class Plan:
     def serve(self, tag: str, timeout_s: float) -> None:
         self.procs[tag]["files"]["go"].write_text("go")
         late = self.wait([tag], "done", timeout_s)
+        proc = self.procs[tag]["proc"]
         if late:
-            self.procs[tag]["proc"].kill()
+            proc.kill()
             self.say(f"{tag} overran its serve and was killed")
-        else:
-            self.say(f"{tag} served")
+            return
+        try:  # its exit (freeing the GPU, tearing down) overlaps no other serve
+            proc.wait(timeout=max(1.0, min(30.0, self.deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        self.say(f"{tag} served")
 
     def finish(self) -> list[dict[str, Any]]:
         results = []
@@ -127,10 +157,10 @@ def advised_sizes(db: Path, out: Path) -> list[int]:
 
 
 def run(name: str, steps: int, work: Path, out: Path, extra: list[str], deadline_s: float,
-        quiet_file: Path | None = None) -> dict[str, Any]:
+        quiet_file: Path | None = None, pairs: int = 3) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     runner = Plan(work, extra, time.monotonic() + deadline_s)
-    specs = plan(name, steps)
+    specs = plan(name, steps, pairs)
     gates = {g: work / f"build-{g}" for g in sorted({s["group"] for s in specs})}
     summary: dict[str, Any] = {"plan": name, "steps": steps}
     try:
@@ -147,13 +177,13 @@ def run(name: str, steps: int, work: Path, out: Path, extra: list[str], deadline
             runner.say(f"{quiet_file} {'seen' if quiet_file.exists() else 'not seen in 240 s'}: serving")
         order = sorted(specs, key=lambda s: s["serve"])
         for spec in order:
-            if name == "full" and spec["serve"] == 10:  # the V2 runs are served: advise, build on it
+            if name == "full" and spec["serve"] == 50:  # the V2 runs are served: advise, build on it
                 try:
                     sizes = advised_sizes(work / "v2-on-1.db", out)
                     summary["advised_sizes"] = sizes
                     gate = work / "build-advised"
                     gate.write_text("go")
-                    runner.start({"tag": "v2-advised", "group": 2, "serve": 14, "db": True,
+                    runner.start({"tag": "v2-advised", "group": 2, "serve": 54, "db": True,
                                   "args": ["--steps", str(steps), "--runner", "v2", "--sizes",
                                            ",".join(map(str, sizes)), *KV]}, gate)
                     runner.say(f"advised {sizes}: building v2-advised")
@@ -204,8 +234,9 @@ def stopped(result: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--plan", choices=("full", "checks", "compare"), default="full")
+    parser.add_argument("--plan", choices=("full", "checks", "compare", "final"), default="full")
     parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--pairs", type=int, default=3, help="off/on pairs of V2 processes compared")
     parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole plan's bound")
     parser.add_argument("--out", required=True, help="folder for the summary and the archive")
     parser.add_argument("--work", default="/tmp/gpu_vllm", help="scratch folder (databases, logs)")
@@ -214,7 +245,8 @@ def main() -> int:
     args, extra = parser.parse_known_args()  # the rest goes to every vllm_serve.py process
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = run(args.plan, args.steps, Path(args.work), out, extra, args.deadline_s, args.quiet_file)
+    summary = run(args.plan, args.steps, Path(args.work), out, extra, args.deadline_s, args.quiet_file,
+                  args.pairs)
     print("\n| process | runner | on | init s | steps | tok/s | violations | stopped by |")
     print("|---|---|---|---|---|---|---|---|")
     for r in summary["processes"]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -80,6 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="serve this many steps of the trace first, unmeasured (while the others build)")
     p.add_argument("--faults", action="store_true", help="plant the faults (in-process engine only)")
     p.add_argument("--canary", action="store_true", help="the replay-vs-eager canary on sampled replays")
+    p.add_argument("--profile", action="store_true",
+                   help="profile the measured serve (cProfile, main thread): the functions that took longest")
+    p.add_argument("--serve-cpus", default="",
+                   help="pin every thread of this process to these cores while it serves (e.g. 0-3)")
     p.add_argument("--init-gate", default="", help="wait for this file before building the engine")
     p.add_argument("--ready-file", default="", help="touch this file once the engine is built")
     p.add_argument("--go-file", default="", help="wait for this file before serving")
@@ -94,6 +99,35 @@ def wait_for(path: str, timeout_s: float = 900.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} never appeared")
         time.sleep(0.05)
+
+
+def cpus(text: str) -> set[int]:
+    """``0-3,8`` as a set of core numbers."""
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+def pin(cores: set[int]) -> None:
+    """Pin every thread of this process (those running now; later ones inherit) to ``cores``."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), cores)
+
+
+def top_functions(profile: Any, count: int = 40) -> dict[str, list[list[Any]]]:
+    """A cProfile run's functions as [where, calls, own seconds, cumulative seconds]: the ``count``
+    with the most time of their own, and graph-inspector's own by cumulative time."""
+    import pstats
+
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    rows = [[f"{path}:{line}({name})", calls, round(own, 4), round(cumulative, 4)]
+            for (path, line, name), (_, calls, own, cumulative, _) in stats.items()]
+    ours = [row for row in rows if "/inspector/" in row[0] or "/capture_core/" in row[0]]
+    return {"own": sorted(rows, key=lambda row: -row[2])[:count],
+            "graph_inspector": sorted(ours, key=lambda row: -row[3])[:count]}
 
 
 def touch(path: str) -> None:
@@ -323,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
             result["warmup"] = serve(llm.llm_engine, warm, "w", SamplingParams)
         touch(args.ready_file)
         wait_for(args.go_file)
+        if args.serve_cpus:
+            pin(cpus(args.serve_cpus))
+            result["serve_cpus"] = sorted(os.sched_getaffinity(0))
         violations: list[dict[str, Any]] = []
         session = None
         if args.db and runner is not None:
@@ -357,10 +394,17 @@ def main(argv: list[str] | None = None) -> int:
         tokens: dict[str, list[int]] = {}
         state = {"step": 0}
         pending = collections.deque(requests)
+        profile = None
+        if args.profile:
+            import cProfile
+
+            profile = cProfile.Profile()
         torch.cuda.synchronize()
         started = time.perf_counter()
         step = added = 0
         error = None
+        if profile is not None:
+            profile.enable()
         try:
             while pending or engine.has_unfinished_requests():
                 if pending and not engine.has_unfinished_requests():
@@ -385,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
             result["stopped_by"] = {"step": step, "error": error[:2000]}
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
+        if profile is not None:
+            profile.disable()
+            result["profile"] = top_functions(profile)
         generated = sum(len(t) for t in tokens.values())
         result.update({
             "steps": step, "serve_s": round(seconds, 3), "output_tokens": generated,

@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from capture_core.backends import GraphBackend, select_backend
 from capture_core.canary import Sampling
 from capture_core.checks import (
@@ -138,9 +140,8 @@ class GraphRuntime:
         self.step_timer: StepTimer | None = None
         """Times the sampled replays, the canary's eager steps and sampled eager fallbacks (None: off)."""
         if step_timing:
-            self.step_timer = StepTimer(
-                self._report_step_time, self.sampling, device_events=self.backend.name == "cuda"
-            )
+            device_events = self.backend.name == "cuda" and torch.cuda.is_available()  # (an engine's stand-in)
+            self.step_timer = StepTimer(self._report_step_time, self.sampling, device_events=device_events)
         self.unexpected_capture = UnexpectedCapturePolicy.parse(unexpected_capture)
         self.warmup_iters = warmup_iters
         self.observer: GraphObserver = observer if observer is not None else NullObserver()
