@@ -130,6 +130,25 @@ def top_functions(profile: Any, count: int = 40) -> dict[str, list[list[Any]]]:
             "graph_inspector": sorted(ours, key=lambda row: -row[3])[:count]}
 
 
+class GcClock:
+    """Python's garbage collections during the measured serve: how many per generation, how long."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.counts[info["generation"]] += 1
+            self.seconds += time.perf_counter() - self._began
+
+    def result(self) -> dict[str, Any]:
+        return {"collections": self.counts, "seconds": round(self.seconds, 3)}
+
+
 def touch(path: str) -> None:
     if path:
         Path(path).write_text(str(time.time()))
@@ -366,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
             from inspector.engines.vllm import hooks
 
             session = hooks.session()
+            if session is None or session.recorder is None:
+                raise RuntimeError("the integration was asked for (--db) but vLLM did not load it: is "
+                                   "graph-inspector installed (its vllm.general_plugins entry point)?")
             if session is not None:
                 told = session.violation
 
@@ -399,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
             import cProfile
 
             profile = cProfile.Profile()
+        import gc
+
+        collections_seen = GcClock()
+        gc.callbacks.append(collections_seen)
+        splits: list[float] = []  # seconds from the start at every 500th step
         torch.cuda.synchronize()
         started = time.perf_counter()
         step = added = 0
@@ -424,11 +451,16 @@ def main(argv: list[str] | None = None) -> int:
                     if output.finished:
                         tokens[output.request_id] = list(output.outputs[0].token_ids)
                 step += 1
+                if step % 500 == 0:
+                    splits.append(round(time.perf_counter() - started, 3))
         except Exception as exc:  # the uncaptured descriptor makes vLLM refuse the capture: expected
             error = f"{type(exc).__name__}: {exc}"
             result["stopped_by"] = {"step": step, "error": error[:2000]}
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
+        gc.callbacks.remove(collections_seen)
+        result["gc"] = collections_seen.result()
+        result["splits_s"] = splits
         if profile is not None:
             profile.disable()
             result["profile"] = top_functions(profile)
