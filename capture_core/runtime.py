@@ -140,7 +140,8 @@ class GraphRuntime:
         self.step_timer: StepTimer | None = None
         """Times the sampled replays, the canary's eager steps and sampled eager fallbacks (None: off)."""
         if step_timing:
-            device_events = self.backend.name == "cuda" and torch.cuda.is_available()  # (an engine's stand-in)
+            # a backend named cuda where CUDA is not: an engine's stand-in, timed by the host clock
+            device_events = self.backend.name == "cuda" and torch.cuda.is_available()
             self.step_timer = StepTimer(self._report_step_time, self.sampling, device_events=device_events)
         self.unexpected_capture = UnexpectedCapturePolicy.parse(unexpected_capture)
         self.warmup_iters = warmup_iters
