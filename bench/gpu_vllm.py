@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_serve import cpus  # this script's folder comes first on sys.path
+
 HERE = Path(__file__).resolve().parent
 SERVE = HERE / "vllm_serve.py"
 KV = ["--kv-cache-gib", "2"]
@@ -114,8 +116,7 @@ class Plan:
     @staticmethod
     def off_serving_cores() -> None:
         """A process builds and waits on the cores no process serves on (it moves when served)."""
-        serving = {int(c) for c in SERVE_CPUS.split("-")}
-        rest = set(os.sched_getaffinity(0)) - set(range(min(serving), max(serving) + 1))
+        rest = set(os.sched_getaffinity(0)) - cpus(SERVE_CPUS)
         if rest:
             os.sched_setaffinity(0, rest)
 

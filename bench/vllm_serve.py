@@ -388,16 +388,15 @@ def main(argv: list[str] | None = None) -> int:
             if session is None or session.recorder is None:
                 raise RuntimeError("the integration was asked for (--db) but vLLM did not load it: is "
                                    "graph-inspector installed (its vllm.general_plugins entry point)?")
-            if session is not None:
-                told = session.violation
+            told = session.violation
 
-                def violation(event: Any) -> None:
-                    violations.append({"step": state["step"], "kind": event.kind.value,
-                                       "input": event.input_name, "wrapper": event.wrapper,
-                                       "descriptor": event.descriptor.key})
-                    told(event)
+            def violation(event: Any) -> None:
+                violations.append({"step": state["step"], "kind": event.kind.value,
+                                   "input": event.input_name, "wrapper": event.wrapper,
+                                   "descriptor": event.descriptor.key})
+                told(event)
 
-                session.violation = violation
+            session.violation = violation
         faults = Faults(runner, args.runner) if args.faults and runner is not None else None
         modes: dict[int, str] = {}  # step -> the runtime mode vLLM dispatched it in (with the integration)
         if session is not None:
