@@ -72,7 +72,9 @@ class GraphBackend(abc.ABC):
         return self.record(fn, args, kwargs, started)
 
     def with_prologue(self, fn: Callable[..., Any], prologue: Callable[[], None]) -> Callable[..., Any]:
-        """``fn`` that runs ``prologue`` first (a backend may run it beside ``fn`` instead)."""
+        """``fn`` that runs ``prologue`` first, in line on the same stream. (Forked onto a side stream
+        and joined inside a CUDA graph, the prologue's few small copies cost 1-2.5% of a decode step
+        on the H200 where in line they cost 0-0.6%: ``bench/runner_device.py``.)"""
 
         def run(*args: Any, **kwargs: Any) -> Any:
             prologue()
@@ -167,7 +169,6 @@ class CudaGraphBackend(GraphBackend):
         self.shared_pool = shared_pool
         self._pool: tuple[int, int] | None = None
         self._side_stream: torch.cuda.Stream | None = None
-        self._prologue_stream: torch.cuda.Stream | None = None
         # pool -> (device-wide reserved bytes, the pool's reserved bytes) right after its last
         # capture: lets the next capture skip one walk of the allocator snapshot when nothing was
         # reserved or released anywhere since.
@@ -185,26 +186,6 @@ class CudaGraphBackend(GraphBackend):
 
     def check(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         _require_cuda_work(fn, args, kwargs)
-
-    def with_prologue(self, fn: Callable[..., Any], prologue: Callable[[], None]) -> Callable[..., Any]:
-        """``fn`` with ``prologue`` forked onto a side stream and joined at the end: the checks' copies
-        run beside the model's kernels and add no time to the graph's critical path. (The prologue
-        only reads what the step reads before the step runs; an input the graph itself writes in
-        place would race with it, and is no per-step input: the engine writes those between steps.)"""
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            main = torch.cuda.current_stream()
-            side = self._prologue_stream
-            if side is None:
-                side = self._prologue_stream = torch.cuda.Stream()
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                prologue()
-            outputs = fn(*args, **kwargs)
-            main.wait_stream(side)
-            return outputs
-
-        return run
 
     @contextmanager
     def warming_up(self) -> Iterator[float]:
