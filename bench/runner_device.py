@@ -76,6 +76,8 @@ class NoPrologue(CudaGraphBackend):
         return fn
 
 
+SIZES = power_of_two_sizes(256)
+"""The capture sizes of every runner and of the bare loop, as ``gpu_decode`` captures them."""
 BACKENDS: dict[str, type[CudaGraphBackend]] = {
     "runner": CudaGraphBackend, "side": SidePrologue, "none": NoPrologue,
 }
@@ -83,7 +85,7 @@ BACKENDS: dict[str, type[CudaGraphBackend]] = {
 
 def build(model: ReferenceDecoder, backend: CudaGraphBackend, observer: GraphObserver) -> DecodeRunner:
     runtime = GraphRuntime(backend, address_check=AddressCheckMode.OFF, observer=observer, progress=False)
-    runner = DecodeRunner(model, runtime, power_of_two_sizes(256), mode=CUDAGraphMode.FULL)
+    runner = DecodeRunner(model, runtime, SIZES, mode=CUDAGraphMode.FULL)
     runner.capture()
     return runner
 
@@ -101,8 +103,7 @@ def measure(name: str, batches: list[int], rounds: int, iters: int) -> dict[str,
     result: dict[str, Any] = {"model": name, "params": model.param_count(), "batches": []}
     with temporary_recorder(f"bench runner_device {name}") as recorder:
         runners = {label: build(model, backend(), recorder) for label, backend in BACKENDS.items()}
-        sizes = power_of_two_sizes(256)
-        bare = BareGraphLoop(model, model.new_kv_cache(), sizes, padding_slot=config.padding_slot)
+        bare = BareGraphLoop(model, model.new_kv_cache(), SIZES, padding_slot=config.padding_slot)
         for batch in batches:
             inputs = decode_inputs(batch, config, device)
             variants: dict[str, Callable[[], Any]] = {
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("runner_device needs CUDA: it times what the runner's CUDA graphs run", file=sys.stderr)
         return 2
-    wrong = [b for b in args.batches if b not in power_of_two_sizes(256)]
+    wrong = [b for b in args.batches if b not in SIZES]
     if wrong:
         parser.error(f"--batches must be capture sizes (powers of two up to 256), got {wrong}")
     device = torch.device("cuda")
