@@ -15,7 +15,10 @@ advised sizes (while the rest serve): the V1 runner with vLLM's own ``--cudagrap
 (``CUDAGraphStat`` against what was recorded), each runner with the planted faults, the engine core
 in its own process, and last the advised run (the padding the advice predicted, seen). The
 ``final`` plan: ``--pairs`` V2 off/on pairs, each runner with the planted faults, then one V2
-process off and one on under cProfile (where an attached step's host time goes).
+process off and one on under cProfile (where an attached step's host time goes). The ``alternate``
+plan: the pairs, then V2 x3 and V1 x1 processes that serve with the integration on and paused in
+turn every ``ALTERNATE`` steps (``vllm_serve.py --alternate``: on and off compared within one process),
+and one V2 process serving four times the steps (clean traffic for the checks, at length).
 
 All of a plan's processes share one compile cache (``SHARED_CACHE``; not yet run on the H200).
 Every process builds and waits on the cores from 4 up and serves alone on cores 0-3 (``SERVE_CPUS``),
@@ -53,6 +56,8 @@ SHARED_CACHE = True
 had its own and twelve compiled at once on one GPU, and identical processes served the same steps
 in 12.8 to 18.4 s; with one cache the processes built after the first load its kernels instead of
 choosing their own (the ``compare`` and ``final`` plans build their first process alone for it)."""
+ALTERNATE = 50
+"""Steps per segment of the ``alternate`` plan's processes (on, off, off, on, ... within one process)."""
 SERVE_CPUS = "0-3"
 """The cores every process serves on (each alone on them); the others build and wait elsewhere."""
 
@@ -62,7 +67,7 @@ def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
     shared = ["--steps", str(steps)]
     compare = [{"tag": f"v2-{'on' if i % 2 else 'off'}-{i // 2 + 1}", "group": 1, "serve": i,
                 "db": bool(i % 2), "args": [*shared, "--runner", "v2", *KV]} for i in range(2 * pairs)]
-    if name in ("compare", "final"):  # the first compiles alone: the rest load its kernels (see SHARED)
+    if name in ("compare", "final", "alternate"):  # the first compiles alone; the rest load its kernels
         compare[0]["group"] = 0
     if name == "compare":
         return compare
@@ -72,6 +77,14 @@ def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
         {"tag": "v2-faults", "group": 1, "serve": 52, "db": True,
          "args": [*shared, "--runner", "v2", "--faults", *KV]},
     ]
+    if name == "alternate":  # on and off within each process too, and one long clean serve
+        alternating = [{"tag": f"v{runner}-alt-{i + 1}", "group": 1, "serve": 40 + 4 * (runner == 1) + i,
+                        "db": True, "args": [*shared, "--runner", f"v{runner}", "--alternate", str(ALTERNATE),
+                                             *KV]}
+                       for runner, count in ((2, 3), (1, 1)) for i in range(count)]
+        long = {"tag": "v2-long", "group": 1, "serve": 70, "db": True,
+                "args": ["--steps", str(4 * steps), "--runner", "v2", *KV]}
+        return [*compare, *alternating, long]
     if name == "final":  # the comparison, the faults, and where an attached step's host time goes
         profiles = [{"tag": f"v2-profile-{side}", "group": 1, "serve": 60 + i, "db": side == "on",
                      "args": [*shared, "--runner", "v2", "--profile", *KV]}
@@ -228,12 +241,21 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
         return {}
     speed_on, speed_off = [r["tok_per_s"] for r in on], [r["tok_per_s"] for r in off]
     init_on, init_off = [r["init_s"] for r in on], [r["init_s"] for r in off]
+    alternating = [r for r in results if r.get("segments")]
+    within = {r["tag"]: {k: r["segments"][k] for k in ("median_pair_ratio", "tok_per_s_on", "tok_per_s_off")}
+              for r in alternating}
+    every_pair = [x for r in alternating for x in r["segments"]["pair_ratios"]]
+    if every_pair:
+        within["median_of_all_pairs"] = statistics.median(every_pair)
+        within["pairs"] = len(every_pair)
+    v2 = pairs + [r for r in alternating if r.get("runner") == "v2"]
     return {
+        "within_process": within,
         "tok_per_s": {"on": speed_on, "off": speed_off, "ratio_of_medians":
                       statistics.median(speed_on) / statistics.median(speed_off)},
         "init_s": {"on": init_on, "off": init_off, "ratio_of_medians":
                    statistics.median(init_on) / statistics.median(init_off)},
-        "tokens_identical": len({r.get("tokens_sha256") for r in pairs}) == 1,
+        "tokens_identical": len({r.get("tokens_sha256") for r in v2}) == 1,
     }
 
 
@@ -244,7 +266,7 @@ def stopped(result: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--plan", choices=("full", "checks", "compare", "final"), default="full")
+    parser.add_argument("--plan", choices=("full", "checks", "compare", "final", "alternate"), default="full")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--pairs", type=int, default=3, help="off/on pairs of V2 processes compared")
     parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole plan's bound")
@@ -262,7 +284,8 @@ def main() -> int:
     for r in summary["processes"]:
         print(f"| {r.get('tag')} | {r.get('runner')} | {r.get('integration')} | {r.get('init_s')} | "
               f"{r.get('steps')} | {r.get('tok_per_s')} | {len(r.get('violations') or [])} | {stopped(r)} |")
-    for key in ("tok_per_s", "init_s", "tokens_identical", "advised_sizes", "advice_error", "error"):
+    for key in ("within_process", "tok_per_s", "init_s", "tokens_identical", "advised_sizes", "advice_error",
+                "error"):
         if key in summary:
             print(key, summary[key])
     return 0

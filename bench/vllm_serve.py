@@ -14,6 +14,11 @@ caching) on a small random-weight Llama, as token-id requests:
   a shared 32-token system prompt (the prefix vLLM's prefix cache keeps) then tokens of the request's
   own; outputs: ``GeneratedTokens`` divided by ``--output-scale``, greedy, ``ignore_eos``.
 
+With ``--alternate N`` (in-process engine, integration on) the serve is cut into segments of N steps
+and the integration is paused (``hooks.pause``: vLLM's own per-step methods back in place) in every
+other pair of them, on-off-off-on-on-off-...: each segment's tokens and seconds are kept, so on and
+off are compared within one process on neighbouring steps, free of what differs between processes.
+
 With ``--faults`` (in-process engine only) the run plants, between steps, the faults the issue names
 (a weight reassigned as an RL weight sync might, by ``.data`` and by a new ``nn.Parameter``; a
 per-step input buffer replaced instead of written; a descriptor vLLM never captured reaching its
@@ -80,6 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=0,
                    help="serve this many steps of the trace first, unmeasured (while the others build)")
     p.add_argument("--faults", action="store_true", help="plant the faults (in-process engine only)")
+    p.add_argument("--alternate", type=int, default=0, metavar="STEPS",
+                   help="with --db, in-process: serve in segments of this many steps with the integration "
+                   "on and paused (vLLM's own methods back) in turn, on-off-off-on-..., each timed")
     p.add_argument("--canary", action="store_true", help="the replay-vs-eager canary on sampled replays")
     p.add_argument("--profile", action="store_true",
                    help="profile the measured serve (cProfile, main thread): the functions that took longest")
@@ -286,6 +294,62 @@ class Faults:
         return lambda: dispatcher.__dict__.pop("dispatch", None)
 
 
+class Segments:
+    """``--alternate``: the serve cut into segments of ``every`` steps, the integration on in segments
+    0, 3, 4, 7, 8, ... and paused in 1, 2, 5, 6, ... (so each on segment has an off neighbour on either
+    side as often); each segment's steps, output tokens and seconds."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.done: list[dict[str, Any]] = []
+        self._seen: dict[str, int] = {}
+        self._tokens, self._first, self._began = 0, 0, time.perf_counter()
+
+    def made(self, request_id: str, generated: int) -> None:
+        if self.every:
+            self._tokens += generated - self._seen.get(request_id, 0)
+            self._seen[request_id] = generated
+
+    def stepped(self, step: int) -> None:
+        if not self.every or step - self._first < self.every:
+            return
+        from inspector.engines.vllm import hooks
+
+        now = time.perf_counter()
+        index = len(self.done)
+        self.done.append({"on": index % 4 in (0, 3), "steps": step - self._first, "tokens": self._tokens,
+                          "seconds": round(now - self._began, 6)})
+        if (index + 1) % 4 in (0, 3):
+            hooks.resume()
+        else:
+            hooks.pause()
+        self._tokens, self._first, self._began = 0, step, time.perf_counter()
+
+    def result(self) -> dict[str, Any]:
+        """The segments, and on/off compared: tokens/s of each on segment over its off neighbour's
+        (pairs 0-1, 2-3, ...: on first and off first in turn), their median, and the totals."""
+        import statistics
+
+        from inspector.engines.vllm import hooks
+
+        hooks.resume()
+        rate = [s["tokens"] / s["seconds"] if s["seconds"] else 0.0 for s in self.done]
+        ratios = []
+        for i in range(0, len(self.done) - 1, 2):
+            on, off = (i, i + 1) if self.done[i]["on"] else (i + 1, i)
+            if rate[off] and self.done[on]["steps"] == self.done[off]["steps"]:
+                ratios.append(round(rate[on] / rate[off], 4))
+
+        def total(on: bool) -> float:
+            chosen = [s for s in self.done if s["on"] == on]
+            seconds = sum(s["seconds"] for s in chosen)
+            return sum(s["tokens"] for s in chosen) / seconds if seconds else 0.0
+
+        return {"every": self.every, "segments": self.done, "pair_ratios": ratios,
+                "median_pair_ratio": statistics.median(ratios) if ratios else None,
+                "tok_per_s_on": round(total(True), 1), "tok_per_s_off": round(total(False), 1)}
+
+
 def serve(engine: Any, requests: list[tuple[int, list[int], int]], prefix: str, sampling: Any
           ) -> dict[str, Any]:
     """Serve ``requests`` (arrival step, prompt, output tokens) to the end, plainly (the warm-up)."""
@@ -425,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         collections_seen = GcClock()
         gc.callbacks.append(collections_seen)
         splits: list[float] = []  # seconds from the start at every 500th step
+        segments = Segments(args.alternate if session is not None and not faults else 0)
         torch.cuda.synchronize()
         started = time.perf_counter()
         step = added = 0
@@ -447,9 +512,11 @@ def main(argv: list[str] | None = None) -> int:
                         plant_at = step + 40
                 state["step"] = step
                 for output in engine.step():
+                    segments.made(output.request_id, len(output.outputs[0].token_ids))
                     if output.finished:
                         tokens[output.request_id] = list(output.outputs[0].token_ids)
                 step += 1
+                segments.stepped(step)
                 if step % 500 == 0:
                     splits.append(round(time.perf_counter() - started, 3))
         except Exception as exc:  # the uncaptured descriptor makes vLLM refuse the capture: expected
@@ -460,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         gc.callbacks.remove(collections_seen)
         result["gc"] = collections_seen.result()
         result["splits_s"] = splits
+        if segments.every:
+            result["segments"] = segments.result()
         if profile is not None:
             profile.disable()
             result["profile"] = top_functions(profile)
@@ -472,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
             "cudagraph_stats": sorted([[*k, v] for k, v in stats.items()]),
             "violations": violations,
             "faults": faults.planted if faults else [],
+            "steps_by_mode": dict(collections.Counter(modes.values())),  # steps the integration saw
         })
         if session is not None:
             session.close()

@@ -174,3 +174,28 @@ def test_the_host_cost_benchmark_records_every_step_and_no_violation(tmp_path: P
     assert result["violations"] == 0
     assert result["recorded_replays"] == 4 + 40 * 3  # the capture phase's 4 sizes, the warm-up, 2 rounds
     assert len(result["rounds"]["on"]) == len(result["rounds"]["off"]) == 2
+
+
+def test_paused_puts_vllm_methods_back_and_the_checks_resume_where_they_stopped(attached) -> None:
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    from inspector.engines.vllm import hooks
+
+    session, model = attached.session, attached.model
+    wrappers, x = pieces(), torch.ones(8, 4)
+    forward(wrappers, x, model.proj.weight, 4)
+    session.capture_finished()
+    hooked = CUDAGraphWrapper.__call__
+    assert hasattr(hooked, "__wrapped__")
+    with hooks.paused():
+        assert not hasattr(CUDAGraphWrapper.__call__, "__wrapped__")  # vLLM's own method, nothing between
+        model.proj.weight = torch.nn.Parameter(model.proj.weight.detach().clone())  # a sync while paused
+    assert CUDAGraphWrapper.__call__ is hooked
+    session.step(CUDAGraphMode.PIECEWISE, BatchDescriptor(num_tokens=4), 4, False)
+    forward(wrappers, x, model.proj.weight, 4)  # the first graph call after resuming
+    session.close()
+    violations = rows(attached.db, "SELECT kind, input_name FROM violations")
+    assert set(violations) == {("address_drift", "proj.weight")}
+    assert rows(attached.db, "SELECT replays FROM replay_totals") == [(1,)]

@@ -17,15 +17,21 @@ whichever of them this vLLM has.
 | ``capture_model`` (both)                                     | the end of the capture phase              |
 | ``CudaGraphManager.capture`` / ``run_fullgraph`` (V2)        | V2's FULL graphs: captures, checks        |
 | ``Worker.shutdown``                                          | the last window is written                |
+
+``pause`` puts vLLM's own per-step methods back (the wrapper's ``__call__``, the dispatch of either
+runner, V2's ``run_fullgraph``) until ``resume``: while paused vLLM runs exactly its own code, and
+nothing is recorded or checked. What was recorded and the twins' graphs are kept, so the checks go on
+where they stopped. Call both between steps, in the process that serves (an in-process engine).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from inspector.engines.vllm.session import VllmSession
@@ -35,6 +41,8 @@ log = logging.getLogger("graph_inspector.vllm")
 
 _installed: list[tuple[Any, str, Any]] = []
 """(owner, attribute, original) of every method replaced, to put back."""
+_per_step: list[tuple[Any, str, Any, Any]] = []
+"""(owner, attribute, original, replacement) of the methods vLLM calls at every step (``pause``)."""
 _session: VllmSession | None = None
 
 
@@ -68,9 +76,32 @@ def install(url: str) -> VllmSession:
     return current
 
 
+def pause() -> None:
+    """vLLM's own per-step methods back in place: nothing is recorded or checked until ``resume``."""
+    for owner, name, original, _ in _per_step:
+        setattr(owner, name, original)
+
+
+def resume() -> None:
+    """The per-step hooks in place again after ``pause`` (a no-op when not paused)."""
+    for owner, name, _, replacement in _per_step:
+        setattr(owner, name, replacement)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """vLLM runs without the integration inside the block (between steps of an in-process engine)."""
+    pause()
+    try:
+        yield
+    finally:
+        resume()
+
+
 def uninstall() -> None:
     """Put every hooked method back and forget the session (its recorder is closed)."""
     global _session
+    _per_step.clear()
     while _installed:
         owner, name, original = _installed.pop()
         setattr(owner, name, original)
@@ -87,12 +118,17 @@ def _optional(module: str) -> Any:
         return None
 
 
-def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+def _wrap(owner: Any, name: str, make: Callable[[Any], Any], per_step: bool = False) -> None:
+    """Replace ``owner.name`` by ``make(original)``; ``per_step``: one vLLM calls at every step."""
     original = owner.__dict__[name]
     function = original.__func__ if isinstance(original, staticmethod) else original
     replacement = functools.wraps(function)(make(function))
+    if isinstance(original, staticmethod):
+        replacement = staticmethod(replacement)
     _installed.append((owner, name, original))
-    setattr(owner, name, staticmethod(replacement) if isinstance(original, staticmethod) else replacement)
+    if per_step:
+        _per_step.append((owner, name, original, replacement))
+    setattr(owner, name, replacement)
 
 
 def _after(original: Callable[..., Any], then: Callable[[], None]) -> Callable[..., Any]:
@@ -139,7 +175,7 @@ def _hook_wrapper(current: VllmSession, wrapper_cls: Any, cuda_graph: Any) -> No
             return original(self)
         return clear_graphs
 
-    _wrap(wrapper_cls, "__call__", make_call)
+    _wrap(wrapper_cls, "__call__", make_call, per_step=True)
     _wrap(wrapper_cls, "clear_graphs", make_clear)
 
 
@@ -175,7 +211,7 @@ def _hook_v1(current: VllmSession, runner_cls: Any) -> None:
         return profile_cudagraph_memory
 
     _wrap(runner_cls, "__init__", make_init)
-    _wrap(runner_cls, "_determine_batch_execution_and_padding", make_decide)
+    _wrap(runner_cls, "_determine_batch_execution_and_padding", make_decide, per_step=True)
     _wrap(runner_cls, "_dummy_run", _in_dummy_run(current))
     _wrap(runner_cls, "capture_model", lambda original: _after(original, current.capture_finished))
     if "profile_cudagraph_memory" in runner_cls.__dict__:
@@ -245,11 +281,10 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
     _wrap(runner_cls, "__init__", make_init)
     _wrap(runner_cls, "_dummy_run", _in_dummy_run(current))
     _wrap(runner_cls, "capture_model", lambda original: _after(original, current.capture_finished))
-    _installed.append((v2, "dispatch_cg_and_sync_dp", dispatch))
-    v2.dispatch_cg_and_sync_dp = functools.wraps(dispatch)(dispatch_cg_and_sync_dp)
+    _wrap(v2, "dispatch_cg_and_sync_dp", lambda original: dispatch_cg_and_sync_dp, per_step=True)
     _wrap(manager_cls, "capture", make_capture)
     _wrap(v2_graphs.CudaGraphManager, "capture", make_base_capture)
-    _wrap(v2_graphs.CudaGraphManager, "run_fullgraph", make_run)
+    _wrap(v2_graphs.CudaGraphManager, "run_fullgraph", make_run, per_step=True)
 
 
 def _full_inputs(runner: Any) -> dict[str, Any]:
