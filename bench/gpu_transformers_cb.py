@@ -23,7 +23,13 @@ pass meets transformers' lazy captures (a new padded shape is captured on the se
 and with it off the warm pass repeats the cold one step for step.
 
 Each round runs two processes, ``--variant bare`` and ``--variant attached``, alternating which goes
-first; ``--rounds`` of them. An attached process calls ``attach(db)`` before serving and
+first; ``--rounds`` of them. Processes differ from one another by more than the integration costs (the
+same was seen with vLLM), so ``--alternating`` processes then compare within one process: attached,
+they serve the cold pass, then the warm pass twice, pausing the integration (``Attachment.pause``:
+transformers' own methods back) for every other wave, the other waves the second time, so each wave
+is served once on and once off; tokens/s on over off per wave, the median over waves.
+
+An attached process calls ``attach(db)`` before serving and
 ``detach()`` after, writing into one SQLite file (``--db``, default beside the JSON) through the
 product's Recorder, then reads its run back through the daemon's queries. Figures: output tokens
 identical in every process (per pass), tokens per second per pass (generated tokens over the time
@@ -50,7 +56,8 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +184,8 @@ class Pass:
     tokens: dict[str, list[int]]
     seconds: float
     generated: int
+    waves: list[tuple[float, int]] = field(default_factory=list)
+    """Each wave's (seconds, generated tokens), in order."""
 
 
 @dataclass
@@ -190,10 +199,16 @@ class Served:
 
 
 def serve(
-    model: Any, waves: list[list[Request]], size: str, passes: int = len(PASSES), timeout_s: float = 120.0
+    model: Any,
+    waves: list[list[Request]],
+    size: str,
+    passes: int = len(PASSES),
+    timeout_s: float = 120.0,
+    before_wave: Callable[[int, int], None] | None = None,
 ) -> Served:
     """Warm up one persistent manager, then serve every wave ``passes`` times. Within a wave every
-    request is queued before its steps start."""
+    request is queued before its steps start; ``before_wave(pass, wave)`` is called before each wave
+    is queued (the manager stopped)."""
     config, gen = cb_config(size), generation_config()
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=config)
     began = time.perf_counter()
@@ -203,7 +218,9 @@ def serve(
     try:
         for index in range(passes):
             result = Pass({}, 0.0, 0)
-            for wave in waves:
+            for wave_index, wave in enumerate(waves):
+                if before_wave is not None:
+                    before_wave(index, wave_index)
                 manager.background_thread_status.clear()  # "before starting the thread": ours to queue
                 began = time.perf_counter()
                 ids = {
@@ -214,7 +231,9 @@ def serve(
                 }
                 manager.start()
                 answered = collect(manager, set(ids), timeout_s)
-                result.seconds += time.perf_counter() - began
+                seconds = time.perf_counter() - began
+                result.seconds += seconds
+                result.waves.append((seconds, sum(len(tokens) for tokens in answered.values())))
                 manager.stop(block=True, keep_for_next_session=True)
                 # the cached manager back, its attention made paged again (as generate_batch gets it)
                 again = model.init_continuous_batching(
@@ -292,14 +311,26 @@ def run_child(args: Any) -> dict[str, Any]:
     waves = arrival_waves(requests, args.wave_s)
     built_s = time.perf_counter() - started
     attachment = None
-    if args.variant == "attached":
+    if args.variant in ("attached", "alternating"):
         from inspector.engines.transformers_cb import attach
 
         attachment = attach(args.db, label=args.label)
         if attachment is None:
             raise SystemExit("error: graph-inspector refused to attach (see the line above)")
+    alternating = args.variant == "alternating"
+
+    def before_wave(pass_index: int, wave_index: int) -> None:
+        """Passes 2 and 3 of an alternating process: the integration on for every other wave, the
+        other waves in pass 3 (so each wave is served once on and once paused)."""
+        assert attachment is not None
+        if pass_index == 0 or on_in(pass_index, wave_index):
+            attachment.resume()
+        else:
+            attachment.pause()
+
     try:
-        served = serve(model, waves, args.model)
+        served = serve(model, waves, args.model, passes=len(PASSES) + alternating,
+                       before_wave=before_wave if alternating else None)
     finally:
         if attachment is not None:
             from inspector.engines.transformers_cb import detach
@@ -321,15 +352,47 @@ def run_child(args: Any) -> dict[str, Any]:
                 "generated": p.generated,
                 "tokens_per_s": p.generated / p.seconds if p.seconds else None,
             }
-            for name, p in zip(PASSES, served.passes, strict=True)
+            for name, p in zip(PASSES, served.passes, strict=False)
         },
         "pool_reserved_bytes": served.pool_reserved_bytes,
         "graph_keys": served.graph_keys,
     }
+    if alternating:
+        result["alternation"] = alternation(served.passes[1:])
     if attachment is not None:
         result["integration"] = attachment.summary()
         result["recorded"] = read_back(args.db, attachment.run_id)
     return result
+
+
+def on_in(pass_index: int, wave_index: int) -> bool:
+    """Whether an alternating process serves this wave with the integration on (passes 1 and 2 after
+    the cold pass 0: even waves on in pass 1, odd waves in pass 2)."""
+    return wave_index % 2 == (pass_index - 1) % 2
+
+
+def alternation(warm: list[Pass]) -> dict[str, Any]:
+    """An alternating process's two warm passes compared wave by wave: each wave served once with the
+    integration on and once paused, the same requests and tokens; tokens/s on over off per wave (the
+    median over waves), and over all waves (on seconds and off seconds summed)."""
+    first, second = warm
+    ratios, seconds = [], {True: 0.0, False: 0.0}
+    same = True
+    for wave, ((s1, g1), (s2, g2)) in enumerate(zip(first.waves, second.waves, strict=True)):
+        on_s, off_s = (s1, s2) if on_in(1, wave) else (s2, s1)
+        seconds[True] += on_s
+        seconds[False] += off_s
+        same = same and g1 == g2
+        if on_s and off_s:
+            ratios.append(off_s / on_s)  # the same tokens: the ratio of tokens/s on to off
+    return {
+        "wave_ratios": [round(r, 4) for r in ratios],
+        "median_wave_ratio": statistics.median(ratios) if ratios else None,
+        "ratio_over_all_waves": seconds[False] / seconds[True] if seconds[True] else None,
+        "tokens_identical": same and digest(first.tokens) == digest(second.tokens),
+        "on_seconds": seconds[True],
+        "off_seconds": seconds[False],
+    }
 
 
 def read_back(db: str, run_id: int | None) -> dict[str, Any]:
@@ -457,7 +520,15 @@ def run_process(args: Any, variant: str, round_index: int, logs: Path) -> dict[s
 
 def summarise(processes: list[dict[str, Any]]) -> dict[str, Any]:
     attached = [p for p in processes if "failed" not in p and p["variant"] == "attached"]
+    alternating = [p["alternation"] for p in processes if "failed" not in p and p["variant"] == "alternating"]
+    every_wave = [r for a in alternating for r in a["wave_ratios"]]
     return figures(processes) | {
+        "within_process": {
+            "processes": alternating,
+            "median_wave_ratio": statistics.median(every_wave) if every_wave else None,
+            "waves": len(every_wave),
+            "tokens_identical": all(a["tokens_identical"] for a in alternating),
+        },
         "recorded": recorded_summary(attached[0]) if attached else None,
         "recorded_alike": len({json.dumps(keys(p)) for p in attached}) <= 1,
         "processes": processes,
@@ -534,7 +605,8 @@ def recorded_summary(process: dict[str, Any]) -> dict[str, Any]:
 def round_ratios(processes: list[dict[str, Any]], name: str) -> list[float]:
     by_round: dict[int, dict[str, float]] = defaultdict(dict)
     for p in processes:
-        by_round[p["round"]][p["variant"]] = p["passes"][name]["tokens_per_s"]
+        if p["variant"] in VARIANTS:
+            by_round[p["round"]][p["variant"]] = p["passes"][name]["tokens_per_s"]
     return [pair["attached"] / pair["bare"] for _, pair in sorted(by_round.items()) if len(pair) == 2]
 
 
@@ -564,6 +636,15 @@ def report(results: dict[str, Any]) -> None:
         ("pass", "tokens identical", "bare", "attached", "attached/bare", "per round"),
         rows,
     )
+    within = results["within_process"]
+    if within["processes"]:
+        print_table(
+            "warm pass within one process: each wave served attached and paused, tokens/s on / off",
+            ("process", "median over waves", "over all waves", "tokens identical"),
+            [(i, a["median_wave_ratio"], a["ratio_over_all_waves"], a["tokens_identical"])
+             for i, a in enumerate(within["processes"])]
+            + [("every wave", within["median_wave_ratio"], "-", within["tokens_identical"])],
+        )
     start = results["startup_s"]
     print_table(
         "start-up, median seconds",
@@ -632,6 +713,10 @@ def run_parent(args: Any) -> dict[str, Any]:
             processes.append(run_process(args, variant, round_index, logs))
             state = "  FAILED" if "failed" in processes[-1] else ""
             print(f"round {round_index} {variant:8} {processes[-1]['wall_s']:6.1f} s{state}", flush=True)
+    for index in range(args.alternating):
+        processes.append(run_process(args, "alternating", index, logs))
+        state = "  FAILED" if "failed" in processes[-1] else ""
+        print(f"alternating {index}  {processes[-1]['wall_s']:6.1f} s{state}", flush=True)
     results = summarise(processes) | {"db": args.db, "seconds": time.perf_counter() - began}
     warm = results["tokens_per_s"]["warm"]["ratio"]
     targets = [
@@ -666,6 +751,7 @@ def run_parent(args: Any) -> dict[str, Any]:
                 "failed": results["failed"],
                 "tokens_identical": results["tokens_identical"],
                 "warm_ratio": warm,
+                "warm_ratio_within_process": results["within_process"]["median_wave_ratio"],
                 "cold_ratio": results["tokens_per_s"]["cold"]["ratio"],
             }
         )
@@ -685,6 +771,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--model", choices=sorted(MODELS), default=None, help="default small (tiny with --quick)"
+    )
+    parser.add_argument(
+        "--alternating",
+        type=int,
+        default=None,
+        help="processes that serve the warm pass twice, each wave once attached and once paused "
+        "(default 2; 1 with --quick)",
     )
     parser.add_argument(
         "--requests",
@@ -709,12 +802,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=(*VARIANTS, "alternating"), help=argparse.SUPPRESS)
     parser.add_argument("--label", default="gpu_transformers_cb", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quick = args.quick
     for name, full, small in (
         ("rounds", 3, 1),
+        ("alternating", 2, 1),
         ("model", "small", "tiny"),
         ("requests", 240, 24),
         ("max_prompt", 512, 48),
@@ -724,8 +818,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, name, small if quick else full)
     if quick:
         args.prompt_scale, args.output_scale = max(args.prompt_scale, 32.0), max(args.output_scale, 16.0)
-    if args.rounds < 1 or args.requests < 1:
-        parser.error("--rounds and --requests must be at least 1")
+    if args.rounds < 1 or args.requests < 1 or args.alternating < 0:
+        parser.error("--rounds and --requests must be at least 1, --alternating at least 0")
     return args
 
 

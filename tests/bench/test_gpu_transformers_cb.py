@@ -12,9 +12,12 @@ import pytest
 import torch
 
 from bench.gpu_transformers_cb import (
+    Pass,
+    alternation,
     arrival_waves,
     expected_real_tokens,
     figures,
+    on_in,
     read_back,
     recorded_summary,
     trace_requests,
@@ -116,6 +119,22 @@ def test_a_run_with_graphs_is_read_back_from_the_database_and_checked_against_tr
     assert not recorded_summary(process)["keys_match"]
 
 
+def test_alternating_passes_serve_each_wave_once_on_and_once_paused_and_compare_them() -> None:
+    assert [on_in(1, wave) for wave in range(4)] == [True, False, True, False]
+    assert [on_in(2, wave) for wave in range(4)] == [False, True, False, True]
+    tokens = {"a": [1, 2], "b": [3]}
+    # waves 0 and 2 on in the first pass, 1 and 3 in the second; on is 10% slower in every wave
+    first = Pass(tokens, 0.0, 0, waves=[(1.1, 10), (2.0, 20), (1.1, 10), (4.0, 40)])
+    second = Pass(dict(tokens), 0.0, 0, waves=[(1.0, 10), (2.2, 20), (1.0, 10), (4.4, 40)])
+    compared = alternation([first, second])
+    assert compared["wave_ratios"] == [round(1 / 1.1, 4)] * 4
+    assert compared["median_wave_ratio"] == pytest.approx(1 / 1.1)
+    assert compared["ratio_over_all_waves"] == pytest.approx(8.0 / 8.8)
+    assert compared["tokens_identical"]
+    second.tokens = {"a": [1, 2], "b": [4]}
+    assert not alternation([first, second])["tokens_identical"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host the benchmark is the CUDA run itself")
 def test_quick_runs_bare_and_attached_processes_with_the_same_tokens_and_every_step(tmp_path: Path) -> None:
@@ -127,8 +146,10 @@ def test_quick_runs_bare_and_attached_processes_with_the_same_tokens_and_every_s
     payload = json.loads(out.read_text())
     results = payload["results"]
     assert payload["benchmark"] == "gpu_transformers_cb" and results["failed"] == 0
-    assert sorted(p["variant"] for p in results["processes"]) == ["attached", "bare"]
+    assert sorted(p["variant"] for p in results["processes"]) == ["alternating", "attached", "bare"]
     assert results["tokens_identical"] == {"cold": True, "warm": True}
+    within = results["within_process"]
+    assert within["tokens_identical"] and within["waves"] == len(within["processes"][0]["wave_ratios"]) > 0
     recorded = results["recorded"]
     assert recorded["num_real_tokens"] == recorded["expected_real_tokens"] > 0
     assert recorded["graphs"] == 0 and set(recorded["eager_batches"]) == {"mode_none"}

@@ -73,11 +73,13 @@ def test_the_memory_forecast_benchmark_forecasts_each_list_beside_its_real_captu
     payload, stdout = run("gpu_memory_forecast", "--quick", "--out", str(out))
     (result,) = payload["results"]
     lists = {row["list"]: row for row in result["lists"]}
-    assert list(lists) == ["recorded list", "powers of two", "advised, 2 graphs", "advised, 3 graphs"]
+    assert list(lists) == ["recorded list", "recorded list, captured again", "powers of two",
+                           "advised, 2 graphs", "advised, 3 graphs"]
+    assert sorted(int(size) for size in result["recorded_pool_bytes"]) == [1, 2, 4, 8]
     assert lists["recorded list"]["sizes"] == [1, 2, 4, 8] and len(lists["advised, 3 graphs"]["sizes"]) == 3
     if ON_CUDA:
         assert all(row["real_bytes"] > 0 and row["forecast_bytes"] > 0 for row in lists.values())
-        assert abs(lists["recorded list"]["error"]) < 1e-9, "the recorded list comes out as recorded"
+        assert abs(lists["recorded list"]["error"]) < 0.1, "the recorded list comes out near its record"
     else:
         assert all(row["forecast_bytes"] is None for row in lists.values())
         assert all(t["met"] is None for t in payload["targets"]) and "no graph pool" in payload["notes"][0]

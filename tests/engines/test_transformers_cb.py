@@ -94,6 +94,34 @@ def test_every_step_is_recorded_with_its_real_tokens_and_the_tokens_are_the_bare
     assert fetch_rows(url, select(Graph.id)) == []
 
 
+def test_paused_waves_run_transformers_own_methods_and_are_not_recorded(
+    model: object, requests: list, tmp_path: Path, detached: None
+) -> None:
+    waves = arrival_waves(requests, 3.0)
+    bare = runner_methods()
+    attachment = attach(f"sqlite:///{tmp_path / 'cb.db'}", label="cpu cb")
+    assert attachment is not None
+    paused_waves = {1}
+
+    def before_wave(pass_index: int, wave_index: int) -> None:
+        if wave_index in paused_waves:
+            attachment.pause()
+            assert runner_methods() == bare
+        else:
+            attachment.resume()
+            assert all(method is not bare[name] for name, method in runner_methods().items())
+
+    served = serve(model, waves, "tiny", passes=1, before_wave=before_wave)
+    detach()
+    attachment.resume()  # after detach: nothing put back
+    assert runner_methods() == bare
+    assert len(waves) > 1 and attachment.errors == 0
+    _, real = attachment.ledger.eager["mode_none"]
+    recorded = [w for i, w in enumerate(waves) if i not in paused_waves]
+    assert real == expected_real_tokens([r for wave in recorded for r in wave])
+    assert served.passes[0].generated == sum(generated for _, generated in served.passes[0].waves)
+
+
 def test_the_readme_line_attaches_and_generate_batch_is_recorded_in_its_database(
     model: object, requests: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, detached: None
 ) -> None:

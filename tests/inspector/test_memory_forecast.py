@@ -41,6 +41,24 @@ def test_the_largest_graph_reserves_activations_and_each_smaller_one_adds_its_ex
     assert "captured largest first" in forecast.describe()
 
 
+def test_one_size_s_segment_jump_is_passed_over_and_extras_that_grow_come_through() -> None:
+    # As on the H200 (small reference decoder, 35 sizes): 0-2 MiB per size, and 192 MiB at one size,
+    # where the allocator reserved a new segment that the captures after it filled.
+    sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    extras = {size: 0.0 for size in sizes}
+    extras[24], extras[48] = 192.0, 2.0
+    forecast = PoolForecast.fit(run(1, 600, extras, 128))
+    assert forecast is not None
+    assert forecast.extra(24) == 0.0 and forecast.extra(20) == 0.0
+    assert forecast.pool_bytes([2, 24, 64, 128]) == pytest.approx(600 * MIB)
+    growing = {size: 1 + size / 8 for size in sizes} | {24: 150.0}  # a jump on extras that grow
+    forecast = PoolForecast.fit(run(1, 600, growing, 128))
+    assert forecast is not None
+    assert (1 + 16 / 8) * MIB <= forecast.extra(24) <= (1 + 32 / 8) * MIB  # among its neighbours', not 150
+    assert forecast.extra(48) == pytest.approx((1 + 48 / 8) * MIB)
+    assert forecast.extra(1) == pytest.approx((1 + 1 / 8) * MIB)  # the ends keep their own
+
+
 def test_runs_pool_their_records_and_a_run_without_a_pool_forecasts_nothing() -> None:
     one = run(1, 300, {8: 2, 64: 4}, 256)
     other = run(2, 160, {8: 4, 64: 6}, 128)

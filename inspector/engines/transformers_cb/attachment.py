@@ -94,6 +94,7 @@ class Attachment:
         self._pool_marks: dict[PoolId, int] = {}
         """The reserved bytes of each graph pool as the last capture into it left them."""
         self._lock = threading.Lock()
+        self._closed = False
 
     # -- the wrapped methods ------------------------------------------------------------------
 
@@ -254,8 +255,21 @@ class Attachment:
     def summary(self) -> dict[str, Any]:
         return self.ledger.summary() | {"errors": self.errors, "stopped": self.stopped}
 
+    def pause(self) -> None:
+        """transformers' own methods back until ``resume``: its steps run exactly as unattached and
+        are not recorded. Call it where no step runs (between ``generate_batch`` calls, or between a
+        manager's ``stop`` and its next ``start``). A graph transformers captures while paused is
+        taken up at its first replay after ``resume``, as one captured before ``attach``."""
+        self.patch.uninstall()
+
+    def resume(self) -> None:
+        """Record again after ``pause`` (a no-op once detached)."""
+        if not self._closed:
+            self.patch.install()
+
     def close(self) -> None:
         """Put transformers' methods back, write what is left, end the run if the Recorder is ours."""
+        self._closed = True
         self.patch.uninstall()
         if self._sink is not None:
             self._sink.close()
