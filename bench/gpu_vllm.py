@@ -16,9 +16,11 @@ advised sizes (while the rest serve): the V1 runner with vLLM's own ``--cudagrap
 in its own process, and last the advised run (the padding the advice predicted, seen). The
 ``final`` plan: ``--pairs`` V2 off/on pairs, each runner with the planted faults, then one V2
 process off and one on under cProfile (where an attached step's host time goes). The ``alternate``
-plan: the pairs, then V2 x3 and V1 x1 processes that serve with the integration on and paused in
-turn every ``ALTERNATE`` steps (``vllm_serve.py --alternate``: on and off compared within one process),
-and one V2 process serving four times the steps (clean traffic for the checks, at length).
+plan: the pairs, then V2 x3 and V1 x1 processes that serve each of ``LEVELS`` in turn every
+``ALTERNATE`` steps (``vllm_serve.py --alternate``: on and off, and the levels between, compared within
+one process),
+and one V2 process serving four times the steps (clean traffic for the checks, at length); the
+``levels`` plan: those four alone.
 
 All of a plan's processes share one compile cache (``SHARED_CACHE``; not yet run on the H200).
 Every process builds and waits on the cores from 4 up and serves alone on cores 0-3 (``SERVE_CPUS``),
@@ -56,8 +58,10 @@ SHARED_CACHE = True
 had its own and twelve compiled at once on one GPU, and identical processes served the same steps
 in 12.8 to 18.4 s; with one cache the processes built after the first load its kernels instead of
 choosing their own (the ``compare`` and ``final`` plans build their first process alone for it)."""
-ALTERNATE = 50
-"""Steps per segment of the ``alternate`` plan's processes (on, off, off, on, ... within one process)."""
+ALTERNATE = 10
+"""Steps per segment of the ``alternate`` plan's processes (each level in turn within one process)."""
+LEVELS = "on,off,hooks,recording"
+"""What the ``alternate`` plan's segments serve with (``vllm_serve.py --levels``)."""
 SERVE_CPUS = "0-3"
 """The cores every process serves on (each alone on them); the others build and wait elsewhere."""
 
@@ -77,11 +81,14 @@ def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
         {"tag": "v2-faults", "group": 1, "serve": 52, "db": True,
          "args": [*shared, "--runner", "v2", "--faults", *KV]},
     ]
+    alternating = [{"tag": f"v{runner}-alt-{i + 1}", "group": 1, "serve": 40 + 4 * (runner == 1) + i,
+                    "db": True, "args": [*shared, "--runner", f"v{runner}", "--alternate", str(ALTERNATE),
+                                         "--levels", LEVELS, *KV]}
+                   for runner, count in ((2, 3), (1, 1)) for i in range(count)]
+    if name == "levels":  # the levels within each process, alone
+        alternating[0]["group"] = 0
+        return alternating
     if name == "alternate":  # on and off within each process too, and one long clean serve
-        alternating = [{"tag": f"v{runner}-alt-{i + 1}", "group": 1, "serve": 40 + 4 * (runner == 1) + i,
-                        "db": True, "args": [*shared, "--runner", f"v{runner}", "--alternate", str(ALTERNATE),
-                                             *KV]}
-                       for runner, count in ((2, 3), (1, 1)) for i in range(count)]
         long = {"tag": "v2-long", "group": 1, "serve": 70, "db": True,
                 "args": ["--steps", str(4 * steps), "--runner", "v2", *KV]}
         return [*compare, *alternating, long]
@@ -232,31 +239,33 @@ def run(name: str, steps: int, work: Path, out: Path, extra: list[str], deadline
 
 
 def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """tokens/s and start-up of the V2 off/on pairs (medians, ratio on/off), and their tokens."""
+    """tokens/s and start-up of the V2 off/on pairs (medians, ratio on/off); the levels within the
+    alternating processes; whether the V2 processes' tokens are identical."""
     pairs = [r for r in results
              if str(r.get("tag", "")).startswith(("v2-on-", "v2-off-")) and r.get("tok_per_s")]
+    alternating = [r for r in results if r.get("segments")]
+    within: dict[str, Any] = {r["tag"]: {level: {k: v for k, v in figures.items() if k != "cycle_ratios"}
+                                         for level, figures in r["segments"]["levels"].items()}
+                              for r in alternating}
+    for level in sorted({level for r in alternating for level in r["segments"]["levels"]} - {"off"}):
+        every_cycle = [x for r in alternating for x in r["segments"]["levels"][level]["cycle_ratios"]]
+        if every_cycle:
+            within[f"{level}: median over every cycle"] = statistics.median(every_cycle)
+            within[f"{level}: cycles"] = len(every_cycle)
+    v2 = pairs + [r for r in alternating if r.get("runner") == "v2"]
+    summary: dict[str, Any] = {"within_process": within} if alternating else {}
+    if v2:
+        summary["tokens_identical"] = len({r.get("tokens_sha256") for r in v2}) == 1
     on = [r for r in pairs if r.get("integration")]
     off = [r for r in pairs if not r.get("integration")]
-    if not (on and off):
-        return {}
-    speed_on, speed_off = [r["tok_per_s"] for r in on], [r["tok_per_s"] for r in off]
-    init_on, init_off = [r["init_s"] for r in on], [r["init_s"] for r in off]
-    alternating = [r for r in results if r.get("segments")]
-    within = {r["tag"]: {k: r["segments"][k] for k in ("median_pair_ratio", "tok_per_s_on", "tok_per_s_off")}
-              for r in alternating}
-    every_pair = [x for r in alternating for x in r["segments"]["pair_ratios"]]
-    if every_pair:
-        within["median_of_all_pairs"] = statistics.median(every_pair)
-        within["pairs"] = len(every_pair)
-    v2 = pairs + [r for r in alternating if r.get("runner") == "v2"]
-    return {
-        "within_process": within,
-        "tok_per_s": {"on": speed_on, "off": speed_off, "ratio_of_medians":
-                      statistics.median(speed_on) / statistics.median(speed_off)},
-        "init_s": {"on": init_on, "off": init_off, "ratio_of_medians":
-                   statistics.median(init_on) / statistics.median(init_off)},
-        "tokens_identical": len({r.get("tokens_sha256") for r in v2}) == 1,
-    }
+    if on and off:
+        speed_on, speed_off = [r["tok_per_s"] for r in on], [r["tok_per_s"] for r in off]
+        init_on, init_off = [r["init_s"] for r in on], [r["init_s"] for r in off]
+        summary["tok_per_s"] = {"on": speed_on, "off": speed_off, "ratio_of_medians":
+                                statistics.median(speed_on) / statistics.median(speed_off)}
+        summary["init_s"] = {"on": init_on, "off": init_off, "ratio_of_medians":
+                             statistics.median(init_on) / statistics.median(init_off)}
+    return summary
 
 
 def stopped(result: dict[str, Any]) -> str:
@@ -266,7 +275,8 @@ def stopped(result: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--plan", choices=("full", "checks", "compare", "final", "alternate"), default="full")
+    parser.add_argument("--plan", default="full",
+                        choices=("full", "checks", "compare", "final", "alternate", "levels"))
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--pairs", type=int, default=3, help="off/on pairs of V2 processes compared")
     parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole plan's bound")

@@ -15,9 +15,10 @@ caching) on a small random-weight Llama, as token-id requests:
   own; outputs: ``GeneratedTokens`` divided by ``--output-scale``, greedy, ``ignore_eos``.
 
 With ``--alternate N`` (in-process engine, integration on) the serve is cut into segments of N steps
-and the integration is paused (``hooks.pause``: vLLM's own per-step methods back in place) in every
-other pair of them, on-off-off-on-on-off-...: each segment's tokens and seconds are kept, so on and
-off are compared within one process on neighbouring steps, free of what differs between processes.
+served in turn at each of ``--levels`` (default ``on,off``: the integration as shipped, and paused by
+``hooks.pause``, vLLM's own per-step methods back in place; ``hooks`` and ``recording`` in between say
+where a cost is): each segment's tokens and seconds are kept, so the levels are compared within one
+process on neighbouring steps, free of what differs between processes.
 
 With ``--faults`` (in-process engine only) the run plants, between steps, the faults the issue names
 (a weight reassigned as an RL weight sync might, by ``.data`` and by a new ``nn.Parameter``; a
@@ -86,8 +87,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="serve this many steps of the trace first, unmeasured (while the others build)")
     p.add_argument("--faults", action="store_true", help="plant the faults (in-process engine only)")
     p.add_argument("--alternate", type=int, default=0, metavar="STEPS",
-                   help="with --db, in-process: serve in segments of this many steps with the integration "
-                   "on and paused (vLLM's own methods back) in turn, on-off-off-on-..., each timed")
+                   help="with --db, in-process: serve in segments of this many steps at each of --levels in "
+                   "turn (on-off-off-on-... for two), each timed")
+    p.add_argument("--levels", default="on,off", type=levels_of,
+                   help=f"what --alternate's segments serve with, comma separated, among: "
+                   f"{'; '.join(f'{k}: {v}' for k, v in LEVELS.items())} (default on,off)")
     p.add_argument("--canary", action="store_true", help="the replay-vs-eager canary on sampled replays")
     p.add_argument("--profile", action="store_true",
                    help="profile the measured serve (cProfile, main thread): the functions that took longest")
@@ -99,6 +103,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--done-file", default="", help="touch this file when serving is done")
     p.add_argument("--out", required=True, help="result JSON")
     return p.parse_args(argv)
+
+
+def levels_of(text: str) -> str:
+    names = text.split(",")
+    if "off" not in names or len(set(names)) != len(names) or not set(names) <= set(LEVELS):
+        known = ", ".join(LEVELS)
+        raise argparse.ArgumentTypeError(f"levels are distinct names among {known}, off one of them")
+    return text
 
 
 def wait_for(path: str, timeout_s: float = 900.0) -> None:
@@ -294,16 +306,54 @@ class Faults:
         return lambda: dispatcher.__dict__.pop("dispatch", None)
 
 
-class Segments:
-    """``--alternate``: the serve cut into segments of ``every`` steps, the integration on in segments
-    0, 3, 4, 7, 8, ... and paused in 1, 2, 5, 6, ... (so each on segment has an off neighbour on either
-    side as often); each segment's steps, output tokens and seconds."""
+LEVELS = {
+    "off": "paused: vLLM's own per-step methods (hooks.pause)",
+    "hooks": "the hooks in place, passing every call straight to vLLM (no runtime, no recorder)",
+    "recording": "steps, graphs and replays recorded, the replay checks off",
+    "on": "the integration as shipped: recording and the always-on checks",
+}
+"""What a segment of ``--alternate`` serves with (``--levels``)."""
 
-    def __init__(self, every: int) -> None:
-        self.every = every
+
+class Levels:
+    """Puts the in-process integration at one of ``LEVELS`` between steps."""
+
+    def __init__(self, session: Any) -> None:
+        from capture_core.checks import AddressCheckMode
+
+        self.session, self.runtime, self.recorder = session, session.runtime, session.recorder
+        self.checked, self.unchecked = self.runtime.address_check, AddressCheckMode.OFF
+
+    def apply(self, level: str) -> None:
+        from inspector.engines.vllm import hooks
+
+        if level == "off":
+            hooks.pause()
+            return
+        hooks.resume()
+        passing = level == "hooks"
+        self.session.runtime = None if passing else self.runtime
+        self.session.recorder = None if passing else self.recorder
+        self.runtime.address_check = self.checked if level == "on" else self.unchecked
+
+
+class Segments:
+    """``--alternate``: the serve cut into segments of ``every`` steps, served at each of ``levels`` in
+    turn, the order rotated by one every cycle (``off, on`` gives on, off, off, on, on, off, ...), so
+    within a cycle of neighbouring segments each level serves once, and over cycles each level serves
+    at each position alike; each segment's level, steps, output tokens and seconds."""
+
+    def __init__(self, every: int, levels: Any = None, order: tuple[str, ...] = ("on", "off")) -> None:
+        self.every, self.levels, self.order = every, levels, order
         self.done: list[dict[str, Any]] = []
         self._seen: dict[str, int] = {}
         self._tokens, self._first, self._began = 0, 0, time.perf_counter()
+        if every and levels is not None:
+            levels.apply(self.level(0))
+
+    def level(self, index: int) -> str:
+        count = len(self.order)
+        return self.order[(index % count + index // count) % count]
 
     def made(self, request_id: str, generated: int) -> None:
         if self.every:
@@ -313,41 +363,43 @@ class Segments:
     def stepped(self, step: int) -> None:
         if not self.every or step - self._first < self.every:
             return
-        from inspector.engines.vllm import hooks
-
         now = time.perf_counter()
         index = len(self.done)
-        self.done.append({"on": index % 4 in (0, 3), "steps": step - self._first, "tokens": self._tokens,
+        self.done.append({"level": self.level(index), "steps": step - self._first, "tokens": self._tokens,
                           "seconds": round(now - self._began, 6)})
-        if (index + 1) % 4 in (0, 3):
-            hooks.resume()
-        else:
-            hooks.pause()
+        if self.levels is not None:
+            self.levels.apply(self.level(index + 1))
         self._tokens, self._first, self._began = 0, step, time.perf_counter()
 
     def result(self) -> dict[str, Any]:
-        """The segments, and on/off compared: tokens/s of each on segment over its off neighbour's
-        (pairs 0-1, 2-3, ...: on first and off first in turn), their median, and the totals."""
+        """Each level against ``off``: tokens/s over all its segments / off's, and within each cycle
+        (one segment of each level, neighbours) its tokens/s / off's, the median over cycles."""
         import statistics
 
-        from inspector.engines.vllm import hooks
-
-        hooks.resume()
+        if self.levels is not None:
+            self.levels.apply("on")
         rate = [s["tokens"] / s["seconds"] if s["seconds"] else 0.0 for s in self.done]
-        ratios = []
-        for i in range(0, len(self.done) - 1, 2):
-            on, off = (i, i + 1) if self.done[i]["on"] else (i + 1, i)
-            if rate[off] and self.done[on]["steps"] == self.done[off]["steps"]:
-                ratios.append(round(rate[on] / rate[off], 4))
+        count = len(self.order)
+        cycles = [range(i, i + count) for i in range(0, len(self.done) - count + 1, count)]
 
-        def total(on: bool) -> float:
-            chosen = [s for s in self.done if s["on"] == on]
+        def total(level: str) -> float:
+            chosen = [s for s in self.done if s["level"] == level]
             seconds = sum(s["seconds"] for s in chosen)
             return sum(s["tokens"] for s in chosen) / seconds if seconds else 0.0
 
-        return {"every": self.every, "segments": self.done, "pair_ratios": ratios,
-                "median_pair_ratio": statistics.median(ratios) if ratios else None,
-                "tok_per_s_on": round(total(True), 1), "tok_per_s_off": round(total(False), 1)}
+        levels: dict[str, Any] = {}
+        for level in self.order:
+            per_cycle = []
+            for cycle in cycles:
+                at = {self.done[i]["level"]: i for i in cycle}
+                off = rate[at["off"]] if "off" in at else 0.0
+                if off and level in at:
+                    per_cycle.append(round(rate[at[level]] / off, 4))
+            levels[level] = {"tok_per_s": round(total(level), 1), "cycle_ratios": per_cycle,
+                             "median_cycle_ratio": statistics.median(per_cycle) if per_cycle else None}
+            if total("off"):
+                levels[level]["ratio_over_all"] = total(level) / total("off")
+        return {"every": self.every, "order": list(self.order), "segments": self.done, "levels": levels}
 
 
 def serve(engine: Any, requests: list[tuple[int, list[int], int]], prefix: str, sampling: Any
@@ -489,7 +541,9 @@ def main(argv: list[str] | None = None) -> int:
         collections_seen = GcClock()
         gc.callbacks.append(collections_seen)
         splits: list[float] = []  # seconds from the start at every 500th step
-        segments = Segments(args.alternate if session is not None and not faults else 0)
+        alternating = session is not None and not faults and args.alternate
+        segments = Segments(args.alternate if alternating else 0, Levels(session) if alternating else None,
+                            tuple(args.levels.split(",")))
         torch.cuda.synchronize()
         started = time.perf_counter()
         step = added = 0
