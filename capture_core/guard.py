@@ -13,6 +13,12 @@ tokens), and a countdown to the next sampled replay. Identity tests and integer 
 cheapest questions Python can ask, with no loop, no attribute chain worked out at replay, no
 allocation.
 
+A tensor of a subclass that overrides ``__torch_function__`` (vLLM's weights are such parameters)
+answers every method and attribute through that Python hook: on a CPU here ``data_ptr()`` took 3.4 us
+on one against 0.2 us on a plain parameter. A guard holding any such tensor runs its comparisons with
+the subclass hooks off (``torch._C.DisableTorchFunctionSubclass``, once for the whole guard), where
+each reads the tensor itself again.
+
 When the guard says yes, the replay goes ahead and the counters move on. When it says no (or in
 debug mode, always), ``inspect`` looks closer and says what is wrong, if anything: a fresh view
 at the captured address and layout, say, is fine and only costs this closer look.
@@ -22,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 from capture_core.baked import BakedValues
 from capture_core.canary import MutatedInput, Sampling
@@ -193,6 +201,10 @@ class ReplayChecks:
         if rows is not None:
             lines.append("    top[1] = real")
         lines.append("    return True")
+        if any(isinstance(v, torch.Tensor) and torch._C._has_torch_function_unary(v) for v in bound.values()):
+            body = ["    with _no_subclass_hooks():", *(f"    {line}" for line in lines[1:])]
+            lines = [lines[0], *body]
+            bound["_no_subclass_hooks"] = torch._C.DisableTorchFunctionSubclass
         source = "\n".join(lines) + "\n"
         namespace = dict(bound)
         exec(compile(source, "<replay guard>", "exec"), namespace)

@@ -111,6 +111,48 @@ def test_a_weight_swapped_under_its_parameter_is_caught_at_the_next_replay(swap,
     assert len(observer.violations) == 2
 
 
+class HookedParameter(nn.Parameter):
+    """A parameter subclass with its own ``__torch_function__``, as vLLM's weights are
+    (``BasevLLMParameter``): every method and attribute of such a tensor goes through Python."""
+
+    def __new__(cls, data: torch.Tensor) -> HookedParameter:
+        return super().__new__(cls, data, requires_grad=False)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        HookedParameter.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+    calls = 0
+
+
+def test_weights_of_a_hooked_subclass_are_read_with_the_hooks_off_and_a_swap_is_still_caught(
+    observer,
+) -> None:
+    model = Model().requires_grad_(False)
+    for block in model.layers:
+        block.lin.weight = HookedParameter(block.lin.weight.detach())
+    runtime = GraphRuntime("eager", observer=observer, progress=False, sampling=NO_SAMPLES)
+    wrapper = CUDAGraphWrapper(model, runtime, name="hooked")
+    x = torch.ones(2, 4)
+    with runtime.capture_phase(), set_forward_context(FULL, DESC):
+        wrapper(x)
+    checks = next(iter(wrapper.graphs.values())).checks
+    assert "with _no_subclass_hooks():" in checks.guard_source
+    HookedParameter.calls = 0
+    assert checks.clean((x,), {}, 2)
+    assert HookedParameter.calls == 0  # every weight read without entering Python
+    for _ in range(3):
+        replay(wrapper, x)
+    assert observer.violations == []
+    model.layers[1].lin.weight.data = torch.randn(4, 4)  # a .data swap under the subclass parameter
+    replay(wrapper, x)
+    (event,) = observer.violations
+    assert (event.kind, event.input_name) == (ViolationKind.ADDRESS_DRIFT, "self.layers.1.lin.weight")
+    plain = captured(observer)[1]
+    assert "_no_subclass_hooks" not in next(iter(plain.graphs.values())).checks.guard_source
+
+
 def test_a_reassigned_weight_raises_in_debug_mode(observer) -> None:
     model, wrapper, x = captured(observer, address_check="debug")
     model.layers[1].lin.bias = nn.Parameter(torch.zeros(4), requires_grad=False)

@@ -9,6 +9,7 @@ is importable.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from importlib import metadata
@@ -120,3 +121,27 @@ def test_the_v2_runners_execution_descriptor_maps_onto_the_same_key() -> None:
 )
 def test_an_eager_step_is_given_vllms_reason(tokens, uniform, configured, forced, expected) -> None:
     assert eager_reason(tokens, uniform, configured, 256, forced=forced) == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, "always_on"), ("", "always_on"), ("OFF", "off"),
+                                                 (" always_on ", "always_on")])
+def test_the_checks_are_always_on_unless_turned_off(value, expected, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inspector.engines.vllm.session import CHECKS_ENV, _checks
+
+    if value is None:
+        monkeypatch.delenv(CHECKS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(CHECKS_ENV, value)
+    assert _checks() == expected
+
+
+def test_an_unknown_checks_value_is_said_and_the_checks_stay_on(monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    from inspector.engines.vllm.session import CHECKS_ENV, _checks
+
+    monkeypatch.setenv(CHECKS_ENV, "debug")
+    logger = logging.getLogger("graph_inspector.vllm")
+    monkeypatch.setattr(logger, "propagate", True)
+    with caplog.at_level(logging.WARNING, logger="graph_inspector.vllm"):
+        assert _checks() == "always_on"
+    assert "GRAPH_INSPECTOR_CHECKS='debug' is none of always_on, off" in caplog.text

@@ -52,6 +52,11 @@ log = logging.getLogger("graph_inspector.vllm")
 CANARY_ENV = "GRAPH_INSPECTOR_CANARY"
 """Set to 1 to run the replay-vs-eager canary on vLLM's sampled replays (its graphs with an eager form:
 the V1 runner's FULL graphs and every PIECEWISE piece)."""
+CHECKS_ENV = "GRAPH_INSPECTOR_CHECKS"
+"""``always_on`` (the default): every replay of vLLM's graphs checked; ``off``: vLLM's graphs, steps and
+padding recorded, their replays not checked (on the H200 the checks cost a host-bound tiny model about
+4% of its tokens/s, recording alone nothing measurable: BENCHMARKS.md, "vLLM")."""
+CHECK_MODES = ("always_on", "off")
 
 
 class EngineBackend(GraphBackend):
@@ -132,7 +137,7 @@ class VllmSession:
             self.configured = mode_of(compilation.cudagraph_mode)
             self.max_capture_size = compilation.max_cudagraph_capture_size
             self.runtime = GraphRuntime(
-                EngineBackend(), address_check="always_on", unexpected_capture="engine",
+                EngineBackend(), address_check=_checks(), unexpected_capture="engine",
                 warmup_iters=int(compilation.cudagraph_num_of_warmups), observer=_TwinObserver(self),
                 progress=False, canary=_flag(CANARY_ENV),
             )
@@ -299,6 +304,16 @@ def real_rows(name: str, tensor: Any, context: ForwardContext) -> Any:
     if getattr(tensor, "dim", None) and tensor.dim() and tensor.shape[0] == context.descriptor.num_tokens:
         return tensor[: context.num_real_tokens]
     return tensor
+
+
+def _checks() -> str:
+    """The replay checks ``GRAPH_INSPECTOR_CHECKS`` asks for; anything else is said once, and checked."""
+    value = os.environ.get(CHECKS_ENV, "").strip().lower() or "always_on"
+    if value not in CHECK_MODES:
+        log.warning("%s=%r is none of %s: the checks stay always_on", CHECKS_ENV, value,
+                    ", ".join(CHECK_MODES))
+        return "always_on"
+    return value
 
 
 def _flag(name: str) -> bool:
