@@ -6,7 +6,9 @@ call) shows. This measures host microseconds per call over short bursts of back-
 (short enough that the launch queue never fills, so the figure is the host's cost of issuing the
 call and not the GPU's pace), all variants interleaved burst by burst in one run:
 
-* ``bare replay()``: the limit, ``torch.cuda.CUDAGraph.replay`` called directly;
+* ``bare replay()``: the limit, ``torch.cuda.CUDAGraph.replay`` called directly; and (on CUDA) the C
+  method under it, past torch's Python frame, as the wrapper calls it
+  (``capture_core.backends.direct_replay``): what is added is given against the former;
 * the wrapper with the checks off, with the always-on checks of its one tensor input (address,
   layout; the default), then with each further always-on check: the wrapped module's state (the
   kernel as an ``nn.Module`` with a buffer), a declared per-step input (its version counter; the
@@ -56,7 +58,7 @@ from bench.common import (
     temporary_recorder,
     write_results,
 )
-from capture_core.backends import EagerBackend
+from capture_core.backends import EagerBackend, direct_replay
 from capture_core.checks import AddressCheckMode
 from capture_core.descriptor import BatchDescriptor
 from capture_core.events import GraphObserver
@@ -67,6 +69,7 @@ from capture_core.wrapper import CUDAGraphWrapper
 
 DESCRIPTOR = BatchDescriptor(num_tokens=1, num_reqs=1, uniform=True)
 BARE = "bare replay()"
+BARE_C = "bare replay(), torch's C method"
 TARGET_VARIANT = "wrapper, always-on check"
 TARGET_ADDED_US = 1.0
 
@@ -76,10 +79,10 @@ def one_kernel(x: torch.Tensor) -> torch.Tensor:
     return x.mul(2.0)
 
 
-def bare_graph(x: torch.Tensor) -> Callable[[], None]:
-    """A bare CUDA graph of ``one_kernel`` (warmed up on a side stream first), or the eager call."""
+def bare_graph(x: torch.Tensor) -> torch.cuda.CUDAGraph | None:
+    """A bare CUDA graph of ``one_kernel`` (warmed up on a side stream first); None off CUDA."""
     if x.device.type != "cuda":
-        return lambda: one_kernel(x)
+        return None
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -91,7 +94,7 @@ def bare_graph(x: torch.Tensor) -> Callable[[], None]:
         one_kernel(x)
     graph.replay()
     torch.cuda.synchronize()
-    return lambda: graph.replay()
+    return graph
 
 
 class OneKernel(torch.nn.Module):
@@ -165,7 +168,12 @@ def run(args: Any) -> dict[str, Any]:
             "wrapper, always-on + module state": captured_wrapper(x, on, None, runnable=OneKernel(x.device)),
             "wrapper, always-on + recorder": captured_wrapper(x, on, recorder),
         }
-        variants: dict[str, Callable[[], object]] = {BARE: bare_graph(x)}
+        graph = bare_graph(x)
+        variants: dict[str, Callable[[], object]] = {
+            BARE: (lambda: one_kernel(x)) if graph is None else (lambda: graph.replay())
+        }
+        if graph is not None:  # what the wrapper calls: the C method, past torch's Python frame
+            variants[BARE_C] = direct_replay(graph)
         for name, wrapper in wrapped.items():
             variants[name] = lambda w=wrapper: w(x)
         stale = captured_wrapper(x, on, None, runnable=OneKernel(x.device), per_step=True)

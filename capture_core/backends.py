@@ -148,7 +148,21 @@ class CudaGraph:
         self.capture_seconds = seconds
         self.pool_bytes = pool_bytes
         self.pool = pool
-        self.replay = graph.replay
+        self.replay = direct_replay(graph)
+
+
+def direct_replay(graph: torch.cuda.CUDAGraph) -> Callable[[], None]:
+    """``graph.replay`` without the Python frame torch's ``CUDAGraph`` puts before its C method (a
+    frame and a ``super()`` call on every replay, about as long as the replay guard): the C method
+    bound to the graph, where torch's frame has nothing to do for it (no pool tracker, where this torch
+    has one); torch's own method otherwise."""
+    if getattr(graph, "_tracker", None) is not None:
+        return graph.replay
+    for base in type(graph).__mro__[1:]:
+        method = base.__dict__.get("replay")
+        if method is not None:
+            return method.__get__(graph, base)
+    return graph.replay
 
 
 class CudaGraphBackend(GraphBackend):
