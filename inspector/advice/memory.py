@@ -16,11 +16,14 @@ token, times ``m``. Several runs pool their figures (the median per size).
 
 Why the neighbours' median: the caching allocator grows a pool in segments, and now and then a
 capture that finds no free block large enough reserves a whole new segment, which the captures after
-it then fill. That jump lands on whichever size asked first and says nothing about the size: on the
-H200 a 35-size run of the small reference decoder recorded 192 MiB at one size and 0-2 MiB at the
-others, and a fresh capture of 9 or 16 of those sizes, that one among them, reserved no more than the
-largest size alone. A single size's jump is passed over; extras that grow with the size, as outputs
-do, come through unchanged (the median of evenly spaced points on a line is the middle one).
+it then fill. That jump lands on whichever size asked first, and whether it comes at all depends on the
+whole list: on the H200 a 35-size run of the small reference decoder recorded 192 MiB at size 192
+(once the static outputs of the eight larger graphs had filled the blocks the largest one freed) and
+0-2 MiB at the others; the same list captured again jumped again, while lists of 9 and 16 of those
+sizes reserved no more than the largest size alone. A single size's jump is passed over, which
+forecasts such shorter lists (the advised ones) and under-forecasts a long list that jumps; extras
+that grow with the size, as outputs do, come through unchanged (the median of evenly spaced points on
+a line is the middle one).
 """
 
 from __future__ import annotations
