@@ -20,7 +20,10 @@ plan: the pairs, then V2 x3 and V1 x1 processes that serve each of ``LEVELS`` in
 ``ALTERNATE`` steps (``vllm_serve.py --alternate``: on and off, and the levels between, compared within
 one process),
 and one V2 process serving four times the steps (clean traffic for the checks, at length); the
-``levels`` plan: those four alone.
+``levels`` plan: those four alone. The ``waves`` plan: V2 x3 and V1 x1 processes that serve each trace
+window once at each of ``WAVE_LEVELS`` (``vllm_serve.py --waves``: the same requests at every level,
+so a level's cost is seen on identical work), then each runner serving the trace with the checks in
+debug mode (every check on every replay, the canary's eager run too).
 
 All of a plan's processes share one compile cache (``SHARED_CACHE``; not yet run on the H200).
 Every process builds and waits on the cores from 4 up and serves alone on cores 0-3 (``SERVE_CPUS``),
@@ -62,6 +65,12 @@ ALTERNATE = 10
 """Steps per segment of the ``alternate`` plan's processes (each level in turn within one process)."""
 LEVELS = "on,off,hooks,recording"
 """What the ``alternate`` plan's segments serve with (``vllm_serve.py --levels``)."""
+WAVES = 12
+"""Cycles of the ``waves`` plan's processes (``vllm_serve.py --waves``: one trace window per cycle, served
+once at each of ``WAVE_LEVELS``)."""
+WAVE_LEVELS = "on,off,recording"
+DEBUG_STEPS = 1500
+"""Steps of the trace the ``waves`` plan serves with the checks in debug mode (each runner)."""
 SERVE_CPUS = "0-3"
 """The cores every process serves on (each alone on them); the others build and wait elsewhere."""
 
@@ -88,6 +97,16 @@ def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
     if name == "levels":  # the levels within each process, alone
         alternating[0]["group"] = 0
         return alternating
+    if name == "waves":  # the levels on identical work within each process; the checks in debug mode
+        waves = [{"tag": f"v{runner}-waves-{i + 1}", "group": 1, "serve": 30 + 4 * (runner == 1) + i,
+                  "db": True, "args": ["--runner", f"v{runner}", "--waves", str(WAVES), "--levels",
+                                       WAVE_LEVELS, "--warmup-steps", "400", *KV]}
+                 for runner, count in ((2, 3), (1, 1)) for i in range(count)]
+        waves[0]["group"] = 0
+        debug = [{"tag": f"v{runner}-debug", "group": 1, "serve": 36 + runner, "db": True,
+                  "args": ["--steps", str(DEBUG_STEPS), "--runner", f"v{runner}", "--checks", "debug", *KV]}
+                 for runner in (2, 1)]
+        return [*waves, *debug]
     if name == "alternate":  # on and off within each process too, and one long clean serve
         long = {"tag": "v2-long", "group": 1, "serve": 70, "db": True,
                 "args": ["--steps", str(4 * steps), "--runner", "v2", *KV]}
@@ -244,6 +263,7 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
     pairs = [r for r in results
              if str(r.get("tag", "")).startswith(("v2-on-", "v2-off-")) and r.get("tok_per_s")]
     alternating = [r for r in results if r.get("segments")]
+    waved = [r for r in results if r.get("waves")]
     within: dict[str, Any] = {r["tag"]: {level: {k: v for k, v in figures.items() if k != "cycle_ratios"}
                                          for level, figures in r["segments"]["levels"].items()}
                               for r in alternating}
@@ -254,6 +274,8 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
             within[f"{level}: cycles"] = len(every_cycle)
     v2 = pairs + [r for r in alternating if r.get("runner") == "v2"]
     summary: dict[str, Any] = {"within_process": within} if alternating else {}
+    if waved:
+        summary["waves"] = waves_summary(waved)
     if v2:
         summary["tokens_identical"] = len({r.get("tokens_sha256") for r in v2}) == 1
     on = [r for r in pairs if r.get("integration")]
@@ -268,6 +290,27 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def waves_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per level, its time against off's on the same work: the median over every cycle of every
+    process (wall and CPU), per process; and how many cycles served the same tokens at every level."""
+    summary: dict[str, Any] = {"per_process": {}, "cycles": 0, "cycles_identical": 0}
+    every: dict[str, dict[str, list[float]]] = {}
+    for r in results:
+        waves = r["waves"]
+        summary["cycles"] += waves["cycles"]
+        summary["cycles_identical"] += waves["cycles_identical"]
+        summary["per_process"][r["tag"]] = {level: {k: v for k, v in figures.items() if "ratios" not in k}
+                                           for level, figures in waves["levels"].items()}
+        for level, figures in waves["levels"].items():
+            into = every.setdefault(level, {"wall": [], "cpu": []})
+            into["wall"] += figures["cycle_ratios"]
+            into["cpu"] += figures["cpu_cycle_ratios"]
+    summary["median_over_every_cycle"] = {
+        level: {kind: statistics.median(values) if values else None for kind, values in got.items()}
+        for level, got in every.items()}
+    return summary
+
+
 def stopped(result: dict[str, Any]) -> str:
     error = (result.get("stopped_by") or {}).get("error", "")[:60]
     return error or ("FAILED" if "traceback" in result else "")
@@ -276,7 +319,7 @@ def stopped(result: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", default="full",
-                        choices=("full", "checks", "compare", "final", "alternate", "levels"))
+                        choices=("full", "checks", "compare", "final", "alternate", "levels", "waves"))
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--pairs", type=int, default=3, help="off/on pairs of V2 processes compared")
     parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole plan's bound")
@@ -294,8 +337,8 @@ def main() -> int:
     for r in summary["processes"]:
         print(f"| {r.get('tag')} | {r.get('runner')} | {r.get('integration')} | {r.get('init_s')} | "
               f"{r.get('steps')} | {r.get('tok_per_s')} | {len(r.get('violations') or [])} | {stopped(r)} |")
-    for key in ("within_process", "tok_per_s", "init_s", "tokens_identical", "advised_sizes", "advice_error",
-                "error"):
+    for key in ("within_process", "waves", "tok_per_s", "init_s", "tokens_identical", "advised_sizes",
+                "advice_error", "error"):
         if key in summary:
             print(key, summary[key])
     return 0

@@ -92,6 +92,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--levels", default="on,off", type=levels_of,
                    help=f"what --alternate's segments serve with, comma separated, among: "
                    f"{'; '.join(f'{k}: {v}' for k, v in LEVELS.items())} (default on,off)")
+    p.add_argument("--waves", type=int, default=0, metavar="CYCLES",
+                   help="with --db, in-process: instead of the trace serve, this many cycles, each serving "
+                   "one window of the trace once at each of --levels, the same requests every time "
+                   "(bench/vllm_waves.py)")
+    p.add_argument("--wave-steps", type=int, default=200,
+                   help="arrival steps of the trace per wave (default 200, about 150 requests)")
+    p.add_argument("--checks", choices=("always_on", "off", "debug"), default="",
+                   help="GRAPH_INSPECTOR_CHECKS for this process (default: unset, always_on)")
     p.add_argument("--canary", action="store_true", help="the replay-vs-eager canary on sampled replays")
     p.add_argument("--profile", action="store_true",
                    help="profile the measured serve (cProfile, main thread): the functions that took longest")
@@ -197,6 +205,16 @@ def trace_requests(args: argparse.Namespace) -> list[tuple[int, list[int], int]]
             index += 1
         step += 1
     return requests
+
+
+def trace_windows(args: argparse.Namespace) -> list[list[tuple[int, list[int], int]]]:
+    """``--waves`` windows of ``--wave-steps`` arrival steps each, from the end of the ramp on (the trace
+    at full speed)."""
+    from bench.vllm_waves import windows
+
+    ramp, width = args.ramp_steps, args.wave_steps
+    full = trace_requests(argparse.Namespace(**{**vars(args), "steps": 2 * ramp + args.waves * width}))
+    return windows(full, ramp, width, args.waves)
 
 
 def engine_kwargs(args: argparse.Namespace, model_dir: str) -> dict[str, Any]:
@@ -440,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(key, value)
     if args.canary:
         os.environ["GRAPH_INSPECTOR_CANARY"] = "1"
+    if args.checks:
+        os.environ["GRAPH_INSPECTOR_CHECKS"] = args.checks
     if args.db:
         os.environ["GRAPH_INSPECTOR_VLLM"] = args.db
     else:
@@ -544,6 +564,12 @@ def main(argv: list[str] | None = None) -> int:
         alternating = session is not None and not faults and args.alternate
         segments = Segments(args.alternate if alternating else 0, Levels(session) if alternating else None,
                             tuple(args.levels.split(",")))
+        waves = None
+        if session is not None and not faults and args.waves:
+            from bench.vllm_waves import Waves
+
+            waves = Waves(trace_windows(args), Levels(session), tuple(args.levels.split(",")))
+            pending.clear()
         torch.cuda.synchronize()
         started = time.perf_counter()
         step = added = 0
@@ -551,6 +577,11 @@ def main(argv: list[str] | None = None) -> int:
         if profile is not None:
             profile.enable()
         try:
+            if waves is not None:
+                waves.run(engine, lambda n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True,
+                                                           detokenize=False),
+                          on_step=lambda n: state.__setitem__("step", n))
+                tokens, step = waves.tokens, waves.steps
             while pending or engine.has_unfinished_requests():
                 if pending and not engine.has_unfinished_requests():
                     step = max(step, pending[0][0])  # idle until the next arrival: no step to run
@@ -583,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
         result["splits_s"] = splits
         if segments.every:
             result["segments"] = segments.result()
+        if waves is not None:
+            result["waves"] = waves.result()
         if profile is not None:
             profile.disable()
             result["profile"] = top_functions(profile)

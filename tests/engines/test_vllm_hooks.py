@@ -26,6 +26,19 @@ PIECES = 3
 
 @pytest.fixture
 def attached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    yield from attach(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def attached_in_debug_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from inspector.engines.vllm.session import CHECKS_ENV
+
+    monkeypatch.setenv(CHECKS_ENV, "debug")
+    yield from attach(tmp_path, monkeypatch)
+
+
+def attach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The integration installed and attached to a stand-in V1 runner; uninstalled afterwards."""
     from vllm.config import CUDAGraphMode
 
     from inspector.engines.vllm import ENV, hooks, register
@@ -70,8 +83,10 @@ class Piece:
     def __init__(self, index: int) -> None:
         self.piecewise_compile_index, self.total_piecewise_compiles = index, PIECES
         self.out = torch.zeros(8, 4)
+        self.runs = 0
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        self.runs += 1
         n = x.shape[0]
         self.out[:n] = x @ weight  # a static output, as a replayed graph's
         return self.out[:n]
@@ -199,3 +214,34 @@ def test_paused_puts_vllm_methods_back_and_the_checks_resume_where_they_stopped(
     violations = rows(attached.db, "SELECT kind, input_name FROM violations")
     assert set(violations) == {("address_drift", "proj.weight")}
     assert rows(attached.db, "SELECT replays FROM replay_totals") == [(1,)]
+
+
+def test_debug_mode_checks_every_replay_silently_and_raises_at_the_faulty_step(
+        attached_in_debug_mode: SimpleNamespace) -> None:
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    from capture_core.errors import GraphCheckError
+
+    attached = attached_in_debug_mode
+    session, model, db = attached.session, attached.model, attached.db
+    wrappers, x = pieces(), torch.randn(8, 4)
+    for size in (2, 4, 8):
+        forward(wrappers, x, model.proj.weight, size)
+    session.capture_finished()
+    for step in range(60):  # clean traffic: every replay inspected, every piece run again eagerly
+        size = (2, 4, 8)[step % 3]
+        session.step(CUDAGraphMode.PIECEWISE, BatchDescriptor(num_tokens=size), size - 1, False)
+        out = forward(wrappers, x, model.proj.weight, size)
+        assert torch.equal(out, x[:size] @ model.proj.weight @ model.proj.weight @ model.proj.weight)
+    session.recorder.flush(timeout=10)
+    assert rows(db, "SELECT kind FROM violations") == []
+    assert rows(db, "SELECT SUM(replays) FROM replay_totals") == [(60,)]
+    assert attached.calls["replay"] == 60 * PIECES
+    assert [w.runnable.runs for w in wrappers] == [3 + 2 * 60] * PIECES  # each replay run again eagerly
+    model.proj.weight = torch.nn.Parameter(model.proj.weight.detach().clone())  # a weight sync
+    session.step(CUDAGraphMode.PIECEWISE, BatchDescriptor(num_tokens=4), 4, False)
+    with pytest.raises(GraphCheckError, match=r"proj\.weight"):
+        forward(wrappers, x, model.proj.weight, 4)  # raised at the first piece that reads it
+    session.close()
+    assert rows(db, "SELECT DISTINCT kind FROM violations") == [("address_drift",)]

@@ -124,7 +124,7 @@ def test_an_eager_step_is_given_vllms_reason(tokens, uniform, configured, forced
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, "always_on"), ("", "always_on"), ("OFF", "off"),
-                                                 (" always_on ", "always_on")])
+                                                 (" always_on ", "always_on"), ("Debug", "debug")])
 def test_the_checks_are_always_on_unless_turned_off(value, expected, monkeypatch: pytest.MonkeyPatch) -> None:
     from inspector.engines.vllm.session import CHECKS_ENV, _checks
 
@@ -139,9 +139,9 @@ def test_an_unknown_checks_value_is_said_and_the_checks_stay_on(monkeypatch: pyt
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     from inspector.engines.vllm.session import CHECKS_ENV, _checks
 
-    monkeypatch.setenv(CHECKS_ENV, "debug")
+    monkeypatch.setenv(CHECKS_ENV, "sometimes")
     logger = logging.getLogger("graph_inspector.vllm")
     monkeypatch.setattr(logger, "propagate", True)
     with caplog.at_level(logging.WARNING, logger="graph_inspector.vllm"):
         assert _checks() == "always_on"
-    assert "GRAPH_INSPECTOR_CHECKS='debug' is none of always_on, off" in caplog.text
+    assert "GRAPH_INSPECTOR_CHECKS='sometimes' is none of always_on, off, debug" in caplog.text
