@@ -1,4 +1,4 @@
-"""transformers' continuous batching, attached to, on this host's real transformers (5.24, a CPU).
+"""transformers' continuous batching, attached to, on this host's real transformers (5.24 or 5.25, a CPU).
 
 A CPU runs no CUDA graphs: transformers turns them off and every step runs eagerly, so what runs here
 is the integration on the real engine's every step (the wrappers, transformers' own objects read,

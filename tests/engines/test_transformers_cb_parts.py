@@ -22,12 +22,12 @@ from inspector.watch.identity import CapturedInputs
 from tests.inspector.workers import fetch_rows
 
 
-@pytest.mark.parametrize("version", ["5.17.0", "5.17.3", "5.24.0", "5.24.0.dev0"])
+@pytest.mark.parametrize("version", ["5.17.0", "5.17.3", "5.24.0", "5.24.0.dev0", "5.25.0"])
 def test_the_release_lines_read_are_attached_to(version: str) -> None:
     assert refusal(version) is None
 
 
-@pytest.mark.parametrize("version", ["5.16.2", "5.18.0", "5.23.1", "5.25.0", "6.0.0", "4.57.1", "main"])
+@pytest.mark.parametrize("version", ["5.16.2", "5.18.0", "5.23.1", "5.26.0", "6.0.0", "4.57.1", "main"])
 def test_another_release_is_refused_in_one_line_naming_the_supported_ones_and_the_watch(version: str) -> None:
     line = refusal(version)
     assert line is not None and "\n" not in line

@@ -21,7 +21,7 @@ What is recorded (one run per process, transformers' resolved configuration on i
 - not the warm-up's made-up batches.
 
 ``graph-inspector serve`` shows it like any run: graphs grouped by path, late ones marked, padding
-per size. Supported: transformers 5.17 and 5.24 (``version.py``); other releases are refused with
+per size. Supported: transformers 5.17, 5.24 and 5.25 (``version.py``); other releases are refused with
 one line (``attach`` returns None), and ``graph-inspector watch`` is the fallback. Importing this
 package imports neither transformers nor the database side (both are loaded when first needed).
 """

@@ -12,7 +12,7 @@ path and whether that path uses graphs, transformers' graph buffer, the graph po
 they do can change a token; what fails in them is contained (counted, logged once) and the step goes
 on.
 
-Read against transformers 5.17 and 5.24 (``version.py``); the names used exist in both.
+Read against transformers 5.17, 5.24 and 5.25 (``version.py``); the names used exist in each.
 """
 
 from __future__ import annotations

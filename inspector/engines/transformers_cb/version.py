@@ -8,8 +8,9 @@ release lines it was written against, and says so in one line for any other.
 
 from __future__ import annotations
 
-SUPPORTED = ("5.17", "5.24")
-"""The release lines read line by line: 5.17 (the H200's) and 5.24 (this project's test install)."""
+SUPPORTED = ("5.17", "5.24", "5.25")
+"""The release lines read line by line: 5.17 (the H200's), 5.24 and 5.25 (this project's test installs;
+the registry's newest within the dev extra's bound, ``transformers>=5.24,<5.26``)."""
 
 FALLBACK = (
     "`graph-inspector watch -- python your_script.py` still records its CUDA graphs, keyed by call "
