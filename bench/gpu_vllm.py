@@ -23,7 +23,9 @@ and one V2 process serving four times the steps (clean traffic for the checks, a
 ``levels`` plan: those four alone. The ``waves`` plan: V2 x3 and V1 x1 processes that serve each trace
 window once at each of ``WAVE_LEVELS`` (``vllm_serve.py --waves``: the same requests at every level,
 so a level's cost is seen on identical work), then each runner serving the trace with the checks in
-debug mode (every check on every replay, the canary's eager run too).
+debug mode (every check on every replay, the canary's eager run too). The ``debug`` plan: those two,
+and a V2 and a V1 process timing the integration's own host work per step at each level from inside
+(``vllm_serve.py --time-integration``).
 
 All of a plan's processes share one compile cache (``SHARED_CACHE``; not yet run on the H200).
 Every process builds and waits on the cores from 4 up and serves alone on cores 0-3 (``SERVE_CPUS``),
@@ -107,6 +109,15 @@ def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
                   "args": ["--steps", str(DEBUG_STEPS), "--runner", f"v{runner}", "--checks", "debug", *KV]}
                  for runner in (2, 1)]
         return [*waves, *debug]
+    if name == "debug":  # the checks in debug mode, and where an attached step's host time goes
+        timed = [{"tag": f"v{runner}-timed", "group": int(runner == 1), "serve": 20 + runner, "db": True,
+                  "args": ["--runner", f"v{runner}", "--waves", "4", "--levels", WAVE_LEVELS,
+                           "--time-integration", "--warmup-steps", "400", *KV]}
+                 for runner in (2, 1)]
+        debug = [{"tag": f"v{runner}-debug", "group": 1, "serve": 30 + runner, "db": True,
+                  "args": ["--steps", str(DEBUG_STEPS), "--runner", f"v{runner}", "--checks", "debug", *KV]}
+                 for runner in (2, 1)]
+        return [*timed, *debug]
     if name == "alternate":  # on and off within each process too, and one long clean serve
         long = {"tag": "v2-long", "group": 1, "serve": 70, "db": True,
                 "args": ["--steps", str(4 * steps), "--runner", "v2", *KV]}
@@ -319,7 +330,8 @@ def stopped(result: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", default="full",
-                        choices=("full", "checks", "compare", "final", "alternate", "levels", "waves"))
+                        choices=("full", "checks", "compare", "final", "alternate", "levels", "waves",
+                                 "debug"))
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--pairs", type=int, default=3, help="off/on pairs of V2 processes compared")
     parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole plan's bound")

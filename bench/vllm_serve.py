@@ -98,6 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(bench/vllm_waves.py)")
     p.add_argument("--wave-steps", type=int, default=200,
                    help="arrival steps of the trace per wave (default 200, about 150 requests)")
+    p.add_argument("--time-integration", action="store_true",
+                   help="time the integration's own host work per step, per level (bench/vllm_clock.py); for "
+                   "a process whose tokens/s are not compared")
     p.add_argument("--checks", choices=("always_on", "off", "debug"), default="",
                    help="GRAPH_INSPECTOR_CHECKS for this process (default: unset, always_on)")
     p.add_argument("--canary", action="store_true", help="the replay-vs-eager canary on sampled replays")
@@ -336,15 +339,18 @@ LEVELS = {
 class Levels:
     """Puts the in-process integration at one of ``LEVELS`` between steps."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, clock: Any = None) -> None:
         from capture_core.checks import AddressCheckMode
 
         self.session, self.runtime, self.recorder = session, session.runtime, session.recorder
         self.checked, self.unchecked = self.runtime.address_check, AddressCheckMode.OFF
+        self.clock = clock
 
     def apply(self, level: str) -> None:
         from inspector.engines.vllm import hooks
 
+        if self.clock is not None:
+            self.clock.level = level
         if level == "off":
             hooks.pause()
             return
@@ -561,14 +567,19 @@ def main(argv: list[str] | None = None) -> int:
         collections_seen = GcClock()
         gc.callbacks.append(collections_seen)
         splits: list[float] = []  # seconds from the start at every 500th step
+        clock = None
+        if session is not None and args.time_integration:
+            from bench.vllm_clock import IntegrationClock
+
+            clock = IntegrationClock(session)
         alternating = session is not None and not faults and args.alternate
-        segments = Segments(args.alternate if alternating else 0, Levels(session) if alternating else None,
-                            tuple(args.levels.split(",")))
+        levels = Levels(session, clock) if alternating else None
+        segments = Segments(args.alternate if alternating else 0, levels, tuple(args.levels.split(",")))
         waves = None
         if session is not None and not faults and args.waves:
             from bench.vllm_waves import Waves
 
-            waves = Waves(trace_windows(args), Levels(session), tuple(args.levels.split(",")))
+            waves = Waves(trace_windows(args), Levels(session, clock), tuple(args.levels.split(",")))
             pending.clear()
         torch.cuda.synchronize()
         started = time.perf_counter()
@@ -616,6 +627,11 @@ def main(argv: list[str] | None = None) -> int:
             result["segments"] = segments.result()
         if waves is not None:
             result["waves"] = waves.result()
+        if clock is not None:
+            clock.close()
+            result["integration_clock"] = clock.result()
+        if session is not None:
+            result["closer_looks"] = session.looks()
         if profile is not None:
             profile.disable()
             result["profile"] = top_functions(profile)

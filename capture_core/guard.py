@@ -84,6 +84,8 @@ class ReplayChecks:
         """Replays until the next sampled one (1: the next); the guard counts it down."""
         self._done = 0
         self._armed = 0
+        self.looks = 0
+        """Closer looks so far (``inspect``): sampled replays, and those the guard did not wave through."""
         self._arm(0)
         self.guard_source, self.clean = self._compile()
 
@@ -111,6 +113,7 @@ class ReplayChecks:
         sampled replay (whose checks also re-read what the guard takes on trust, and which the canary
         may run on)."""
         sampled = debug or self.countdown[0] <= 1
+        self.looks += 1
         findings: list[Finding] = []
         if self.check_inputs:
             findings += self._input_changes(args, kwargs)

@@ -245,3 +245,85 @@ def test_debug_mode_checks_every_replay_silently_and_raises_at_the_faulty_step(
         forward(wrappers, x, model.proj.weight, 4)  # raised at the first piece that reads it
     session.close()
     assert rows(db, "SELECT DISTINCT kind FROM violations") == [("address_drift",)]
+
+
+class AllocatingPiece(Piece):
+    """A piece whose second output it only allocates, as vLLM's piece before an attention op allocates
+    the attention's output: what that holds differs from one run to the next (here: the run's number;
+    not random numbers, which the canary draws again from the replay's generator state)."""
+
+    def __init__(self, index: int, with_graph: bool) -> None:
+        import torch.fx
+
+        super().__init__(index)
+        if with_graph:  # vLLM's PiecewiseBackend keeps the piece's FX graph as .graph
+            graph = torch.fx.Graph()
+            x, weight = graph.placeholder("x"), graph.placeholder("weight")
+            buffer = graph.call_function(torch.empty, (8, 4))
+            computed = graph.call_function(torch.matmul, (x, weight))
+            graph.output((computed, graph.call_method("view", (buffer, -1, 4))))
+            self.graph = SimpleNamespace(graph=graph)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        computed = super().__call__(x, weight)
+        return computed, torch.full((x.shape[0], 4), float(self.runs))
+
+
+@pytest.mark.parametrize("with_graph", [True, False])
+def test_the_canary_leaves_out_what_a_piece_only_allocates(attached_in_debug_mode: SimpleNamespace,
+                                                           with_graph: bool) -> None:
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
+
+    from capture_core.errors import ReplayMismatchError
+
+    session, weight = attached_in_debug_mode.session, attached_in_debug_mode.model.proj.weight
+    wrapper = object.__new__(CUDAGraphWrapper)
+    wrapper.__dict__.update(runnable=AllocatingPiece(0, with_graph), runtime_mode=CUDAGraphMode.PIECEWISE,
+                            graph_pool=None, concrete_cudagraph_entries={})
+    x = torch.randn(8, 4)
+
+    def step() -> None:
+        context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={},
+                                 cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
+                                 batch_descriptor=BatchDescriptor(num_tokens=4))
+        with override_forward_context(context):
+            wrapper(x[:4], weight)
+
+    step()
+    session.capture_finished()
+    if not with_graph:  # the allocated output compared: its garbage differs, a false alarm
+        with pytest.raises(ReplayMismatchError, match=r"output\[1\]"):
+            step()
+        return
+    for _ in range(30):
+        step()
+    session.close()
+    assert rows(attached_in_debug_mode.db, "SELECT kind FROM violations") == []
+    assert wrapper.runnable.runs == 1 + 2 * 30  # the capture, then every replay and its eager run
+
+
+def test_the_integration_clock_times_the_twins_own_work_per_step_and_the_looks_are_counted(attached) -> None:
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    from bench.vllm_clock import IntegrationClock
+
+    session, model = attached.session, attached.model
+    wrappers, x = pieces(), torch.ones(8, 4)
+    forward(wrappers, x, model.proj.weight, 4)
+    session.capture_finished()
+    clock = IntegrationClock(session)
+    try:
+        for _ in range(20):
+            session.step(CUDAGraphMode.PIECEWISE, BatchDescriptor(num_tokens=4), 4, False)
+            forward(wrappers, x, model.proj.weight, 4)
+    finally:
+        clock.close()
+    got = clock.result()["on"]
+    assert got["steps"] == 20 and got["graph_calls_per_step"] == PIECES
+    assert got["serve_us_per_step"] > 0 and got["step_record_us_per_step"] > 0
+    looks = session.looks()
+    assert [(t["graphs"], t["replays"]) for t in looks] == [(1, 20)] * PIECES
+    assert all(t["looks"] == 1 for t in looks)  # the first replay is sampled; the guard passed the rest

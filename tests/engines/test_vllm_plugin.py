@@ -145,3 +145,40 @@ def test_an_unknown_checks_value_is_said_and_the_checks_stay_on(monkeypatch: pyt
     with caplog.at_level(logging.WARNING, logger="graph_inspector.vllm"):
         assert _checks() == "always_on"
     assert "GRAPH_INSPECTOR_CHECKS='sometimes' is none of always_on, off, debug" in caplog.text
+
+
+def piece_graph(returns_tuple: bool = True):
+    """An FX graph shaped as vLLM's piece before an attention op: a matmul it computes, and the
+    attention output it only allocates (``torch.empty`` then a view) for the op to fill."""
+    import torch
+    import torch.fx
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    w = graph.placeholder("w")
+    query = graph.call_function(torch.matmul, (x, w))
+    buffer = graph.call_function(torch.empty, (8, 4))
+    output = graph.call_method("view", (buffer, -1, 2, 2))
+    graph.output((query, output) if returns_tuple else output)
+    return SimpleNamespace(graph=graph)
+
+
+def test_an_output_the_piece_only_allocates_is_found_through_its_views() -> None:
+    from inspector.engines.vllm.twins import allocated_outputs
+
+    assert allocated_outputs(SimpleNamespace(graph=piece_graph())) == {"output[1]"}
+    assert allocated_outputs(SimpleNamespace(graph=piece_graph(returns_tuple=False))) == {"output"}
+    assert allocated_outputs(SimpleNamespace()) == frozenset()  # no FX graph (V1's FULL model): none
+
+
+def test_the_canary_compares_real_rows_and_nothing_of_an_allocated_output() -> None:
+    import torch
+
+    from capture_core.forward_context import ForwardContext
+    from inspector.engines.vllm.twins import ComparedPart
+
+    part = ComparedPart(frozenset({"output[1]"}))
+    context = ForwardContext(CUDAGraphMode.PIECEWISE, BatchDescriptor(num_tokens=8), 5)
+    assert part("output[0]", torch.ones(8, 4), context).shape == (5, 4)  # the padding rows left out
+    assert part("output[0]", torch.ones(3, 4), context).shape == (3, 4)  # not per token: all of it
+    assert part("output[1]", torch.ones(8, 2, 2), context).numel() == 0

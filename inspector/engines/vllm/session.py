@@ -44,7 +44,14 @@ from inspector.engines.vllm.mapping import (
     eager_reason,
     mode_of,
 )
-from inspector.engines.vllm.twins import ManagerSource, VllmCall, WrapperSource, manager_entry
+from inspector.engines.vllm.twins import (
+    ComparedPart,
+    ManagerSource,
+    VllmCall,
+    WrapperSource,
+    allocated_outputs,
+    manager_entry,
+)
 from inspector.engines.vllm.version import vllm_version
 
 log = logging.getLogger("graph_inspector.vllm")
@@ -118,6 +125,8 @@ class VllmSession:
         self._context: ForwardContext | None = None
         self._parameter_names: dict[int, str] = {}
         self.full_twin: CUDAGraphWrapper | None = None
+        self.twins: list[CUDAGraphWrapper] = []
+        """Every twin made, the FULL twin among them (what ``looks`` reads)."""
         self._adopting: Any = None
         """The V2 execution descriptor of the FULL graph being handed to the FULL twin."""
         self._executions: dict[BatchDescriptor, Any] = {}
@@ -237,9 +246,10 @@ class VllmSession:
         twin = CUDAGraphWrapper(
             runnable, self.runtime, mode, name,
             source=WrapperSource(vllm_wrapper, self.vllm_call, self.input_names), module=module,
-            compared=real_rows,
+            compared=ComparedPart(allocated_outputs(runnable)),
         )
         vllm_wrapper.__dict__["_graph_inspector_twin"] = twin
+        self.twins.append(twin)
         return twin
 
     def input_names(self, args: Sequence[Any]) -> ParameterNames:
@@ -260,6 +270,7 @@ class VllmSession:
                 source=ManagerSource(manager, self.run_fullgraph, self._executions.__getitem__),
                 module=model if _is_module(model) else None,
             )
+            self.twins.append(self.full_twin)
         descriptor = self.descriptor(execution, execution=True)
         twin, unexpected = self.full_twin, self.runtime.locked
         if unexpected:
@@ -295,18 +306,19 @@ class VllmSession:
         for parts in pending.values():
             self.recorder.on_capture(_pieces_as_one(parts, max(i for i, _ in parts) + 1))
 
+    def looks(self) -> list[dict[str, Any]]:
+        """Per twin: its graphs' replays and how many had the closer look (sampled ones, and those
+        the replay guard did not wave through: many more than sampled means the guard misses)."""
+        found = []
+        for twin in self.twins:
+            checks = [entry.checks for entry in twin.graphs.values()]
+            found.append({"wrapper": twin.name, "graphs": len(checks),
+                          "replays": sum(c.replays for c in checks), "looks": sum(c.looks for c in checks)})
+        return found
+
     def violation(self, event: ViolationEvent) -> None:
         if self.recorder is not None:
             self.recorder.on_violation(event)
-
-
-def real_rows(name: str, tensor: Any, context: ForwardContext) -> Any:
-    """What the canary compares of a vLLM graph's output: the rows of the step's real tokens. The rows
-    of padding tokens hold whatever the graph's memory held (vLLM's kernels leave them unwritten or
-    compute them from stale inputs), so a replay and an eager run may differ there and mean nothing."""
-    if getattr(tensor, "dim", None) and tensor.dim() and tensor.shape[0] == context.descriptor.num_tokens:
-        return tensor[: context.num_real_tokens]
-    return tensor
 
 
 def _checks() -> str:

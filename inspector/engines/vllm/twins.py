@@ -14,6 +14,7 @@ with ``CUDAGraphWrapper.adopt`` and checked against the runner's persistent inpu
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,10 +23,13 @@ from typing import Any, ClassVar
 from capture_core.checks import ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.errors import GraphCacheError
+from capture_core.forward_context import ForwardContext
 from capture_core.inputs import InputLayout
 from capture_core.modes import CUDAGraphMode
 from capture_core.wrapper import CUDAGraphWrapper, GraphCall, GraphEntry
 from inspector.watch.pools import allocator_pool_bytes, pool_id
+
+log = logging.getLogger("graph_inspector.vllm")
 
 VllmCall = Callable[..., Any]
 """vLLM's own ``CUDAGraphWrapper.__call__`` (or ``run_fullgraph``), as it was before the hooks."""
@@ -138,3 +142,62 @@ def manager_entry(
     layout = InputLayout.record(ParameterNames(), (), dict(inputs))
     graph = EngineGraph(run_fullgraph, manager, execution, arguments=False)
     return EngineEntry(descriptor, CUDAGraphMode.FULL, graph, layout, capture_seconds, pool_bytes, unexpected)
+
+
+_ALLOCATIONS = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
+_VIEWS = frozenset({"view", "reshape", "view_as", "unflatten", "flatten", "transpose", "permute", "unsqueeze",
+                    "squeeze", "as_strided", "expand"})
+
+
+def allocated_outputs(runnable: Any) -> frozenset[str]:
+    """The outputs (by the canary's names: ``output``, ``output[i]``) a vLLM piece only allocates: a
+    ``torch.empty`` buffer (through views) handed on uninitialised for the next op to fill - vLLM's
+    attention layer allocates its output in the piece before the attention op, which writes it
+    between pieces. Read from the piece's FX graph (vLLM's ``PiecewiseBackend.graph``); none where it
+    has none."""
+    graph = getattr(getattr(runnable, "graph", None), "graph", None)
+    output = next((node for node in getattr(graph, "nodes", ()) if node.op == "output"), None)
+    if output is None or not output.args:
+        return frozenset()
+    values = output.args[0]
+    named = ([(f"output[{i}]", v) for i, v in enumerate(values)] if isinstance(values, (tuple, list))
+             else [("output", values)])
+    found = frozenset(name for name, node in named if _allocated(node))
+    if found:
+        log.info("the canary leaves out %s of %s: allocated there, written by the next op",
+                 ", ".join(sorted(found)), type(runnable).__name__)
+    return found
+
+
+def _allocated(node: Any) -> bool:
+    while _target(node) in _VIEWS and node.args:
+        node = node.args[0]
+    return _target(node) in _ALLOCATIONS
+
+
+def _target(node: Any) -> str:
+    """The op a graph node calls, by its short name (``torch.empty``, ``aten.empty.memory_format`` and
+    the ``empty`` method all give ``empty``); "" for anything else."""
+    if getattr(node, "op", None) not in ("call_function", "call_method"):
+        return ""
+    target = node.target
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name.split(".")[0]
+
+
+class ComparedPart:
+    """What the canary compares of a vLLM graph's output: the rows of the step's real tokens (the rows
+    of padding tokens hold whatever the graph's memory held: vLLM's kernels leave them unwritten or
+    compute them from stale inputs, so a replay and an eager run may differ there and mean nothing),
+    and nothing of an output the graph only allocated (``allocated``: its values are whatever memory
+    the allocator handed over, in the replay's pool and in the eager run alike)."""
+
+    def __init__(self, allocated: frozenset[str] = frozenset()) -> None:
+        self.allocated = allocated
+
+    def __call__(self, name: str, tensor: Any, context: ForwardContext) -> Any:
+        if name in self.allocated and getattr(tensor, "dim", None):
+            return tensor[:0]
+        if getattr(tensor, "dim", None) and tensor.dim() and tensor.shape[0] == context.descriptor.num_tokens:
+            return tensor[: context.num_real_tokens]
+        return tensor
