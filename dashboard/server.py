@@ -201,6 +201,7 @@ class Server:
 
     def __init__(self, app: Callable, host: str, port: int, grace: float) -> None:
         self.grace = grace
+        self._handling = False
         adj = Adjustments(
             host=host, port=port, threads=THREADS, ident="graph-inspector",
             connection_limit=_connection_limit(), channel_timeout=IDLE_TIMEOUT_S, cleanup_interval=1,
@@ -229,7 +230,7 @@ class Server:
 
     def run(self) -> StopReport:
         """Serve until SIGTERM or SIGINT (or ``stop()``), then stop gracefully."""
-        with self._stop_signals():
+        with self.stop_signals():
             while self._signal is None:
                 wasyncore.loop(timeout=LOOP_TIMEOUT_S, map=self.map, use_poll=True, count=1)
             return self._drain()
@@ -282,8 +283,11 @@ class Server:
         return [channel for listener in self.listeners for channel in listener.active_channels.values()]
 
     @contextmanager
-    def _stop_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
+    def stop_signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT stop this server gracefully inside the block. Enter it before telling
+        anyone the server is up (the URL printed): a signal that arrives after that, even before
+        ``run``, is a graceful stop, never the default death. ``run`` enters it too (a no-op inside)."""
+        if self._handling or threading.current_thread() is not threading.main_thread():
             yield  # signals reach the main thread only: whoever runs this elsewhere calls stop()
             return
 
@@ -293,9 +297,11 @@ class Server:
         # A signal the daemon was started ignoring (SIGINT in a background job) stays ignored.
         stops = [sig for sig in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(sig) != signal.SIG_IGN]
         previous = {sig: signal.signal(sig, handler) for sig in stops}
+        self._handling = True
         try:
             yield
         finally:
+            self._handling = False
             for sig, old in previous.items():
                 signal.signal(sig, old)
 

@@ -106,28 +106,29 @@ def serve(app: Flask, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
         server = Server(app, host, port, STOP_GRACE_S)
     except OSError as error:
         raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
-    shown_host = f"[{host}]" if ":" in host else host
-    url = f"http://{shown_host}:{server.port}/"
-    print(f"graph-inspector dashboard: {url}  (database: {state.store.display_url})", flush=True)
-    if state.token:
-        print("  access token required: open the URL once with ?token=<token>, or send "
-              "'Authorization: Bearer <token>'", flush=True)
-    pruner = None
-    if retention is not None:
-        from inspector.storage.retention import Pruner
+    with server.stop_signals():  # before the URL says it is up: a SIGTERM from then on stops it gently
+        shown_host = f"[{host}]" if ":" in host else host
+        url = f"http://{shown_host}:{server.port}/"
+        print(f"graph-inspector dashboard: {url}  (database: {state.store.display_url})", flush=True)
+        if state.token:
+            print("  access token required: open the URL once with ?token=<token>, or send "
+                  "'Authorization: Bearer <token>'", flush=True)
+        pruner = None
+        if retention is not None:
+            from inspector.storage.retention import Pruner
 
-        policy, every = retention
-        print(f"  retention: every {every:g} s, windows {policy}", flush=True)
-        pruner = Pruner(state.store, policy, every, lambda line: print(f"graph-inspector retention: {line}",
-                                                                        flush=True)).start()
-    print(f"  Ctrl-C or SIGTERM stops it (answers in flight get {STOP_GRACE_S:g} s)", flush=True)
-    logging.getLogger("waitress").setLevel(logging.WARNING)
-    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # a queue is how a burst is served
-    try:
-        report = server.run()
-        print(f"graph-inspector dashboard: {report.line()}", file=sys.stderr, flush=True)
-    finally:
-        if pruner is not None:
-            pruner.stop(timeout=1.0)  # a fold cut short rolls back, losing nothing
-        server.close()
+            policy, every = retention
+            print(f"  retention: every {every:g} s, windows {policy}", flush=True)
+            pruner = Pruner(state.store, policy, every,
+                            lambda line: print(f"graph-inspector retention: {line}", flush=True)).start()
+        print(f"  Ctrl-C or SIGTERM stops it (answers in flight get {STOP_GRACE_S:g} s)", flush=True)
+        logging.getLogger("waitress").setLevel(logging.WARNING)
+        logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # a queue is how a burst is served
+        try:
+            report = server.run()
+            print(f"graph-inspector dashboard: {report.line()}", file=sys.stderr, flush=True)
+        finally:
+            if pruner is not None:
+                pruner.stop(timeout=1.0)  # a fold cut short rolls back, losing nothing
+            server.close()
     return 0

@@ -250,3 +250,38 @@ def test_a_signal_stops_the_daemon_after_answering_every_request_in_flight(serve
     assert served.wait(timeout=30) == 0, served.output
     assert f"stopped on {signal.Signals(sig).name}" in served.output and "Traceback" not in served.output
     assert "cut" not in served.output
+
+
+SIGNAL_AT_THE_URL = """
+import os, signal, sys
+
+class Signalling:
+    '''stdout that sends this process SIGTERM the moment the daemon prints its URL (its readiness).'''
+    def write(self, text):
+        sys.__stdout__.write(text)
+        if "graph-inspector dashboard: http" in text:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return len(text)
+
+    def flush(self):
+        sys.__stdout__.flush()
+
+sys.stdout = Signalling()
+from dashboard.cli import main
+sys.exit(main(["serve", "--db", sys.argv[1], "--port", "0"]))
+"""
+
+
+def test_a_sigterm_the_moment_the_url_is_printed_is_a_graceful_stop(
+        seeded_template: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
+    """The printed URL says the daemon is up, so a supervisor may stop it at once: the handlers are in
+    place before it (a SIGTERM between the URL and the serving loop used to kill it with -15)."""
+    import subprocess
+    import sys
+
+    shutil.copyfile(seeded_template[0], tmp_path / "served.db")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", SIGNAL_AT_THE_URL, f"sqlite:///{tmp_path / 'served.db'}"],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert "stopped on SIGTERM" in done.stderr and "Traceback" not in done.stderr
