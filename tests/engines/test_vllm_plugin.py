@@ -86,6 +86,21 @@ def test_modes_map_by_name() -> None:
         mode_of(SimpleNamespace(name="FULL_AND_FULL"))
 
 
+def test_an_enum_member_is_remembered_and_other_objects_are_read_each_time() -> None:
+    import enum
+
+    class VllmLike(enum.Enum):  # stands in for vLLM's CUDAGraphMode: members live with their class
+        FULL = 2
+        PIECEWISE = 1
+
+    assert mode_of(VllmLike.FULL) is CUDAGraphMode.FULL and mode_of(VllmLike.FULL) is CUDAGraphMode.FULL
+    assert mode_of(VllmLike.PIECEWISE) is CUDAGraphMode.PIECEWISE
+    changing = SimpleNamespace(name="FULL")  # not a member: its id is not kept, its name is read again
+    assert mode_of(changing) is CUDAGraphMode.FULL
+    changing.name = "NONE"
+    assert mode_of(changing) is CUDAGraphMode.NONE
+
+
 def test_vllms_batch_descriptor_is_the_same_key() -> None:
     full = SimpleNamespace(num_tokens=8, num_reqs=8, uniform=True, has_lora=False, num_active_loras=0)
     piecewise = SimpleNamespace(num_tokens=32, num_reqs=None, uniform=False, has_lora=False,

@@ -10,6 +10,7 @@ These functions read those objects by attribute only, so they are exercised with
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 from capture_core.descriptor import BatchDescriptor
@@ -21,12 +22,23 @@ _MODES = {"NONE": CUDAGraphMode.NONE, "PIECEWISE": CUDAGraphMode.PIECEWISE, "FUL
           "FULL_AND_PIECEWISE": CUDAGraphMode.FULL_AND_PIECEWISE}
 
 
+_BY_MEMBER: dict[int, CUDAGraphMode] = {}
+"""id(vLLM's enum member) -> graph-inspector's mode: members live as long as their class, and an
+enum's ``name`` is a Python property, read at every step otherwise."""
+
+
 def mode_of(vllm_mode: Any) -> CUDAGraphMode:
     """graph-inspector's mode for one of vLLM's ``CUDAGraphMode`` members (same names)."""
+    found = _BY_MEMBER.get(id(vllm_mode))
+    if found is not None:
+        return found
     try:
-        return _MODES[vllm_mode.name]
+        found = _MODES[vllm_mode.name]
     except (AttributeError, KeyError):
         raise ValueError(f"not a vLLM CUDA-graph mode: {vllm_mode!r}") from None
+    if isinstance(vllm_mode, enum.Enum):
+        _BY_MEMBER[id(vllm_mode)] = found
+    return found
 
 
 def descriptor_of(batch_descriptor: Any) -> BatchDescriptor:

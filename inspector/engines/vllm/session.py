@@ -119,6 +119,8 @@ class VllmSession:
         self._piece_of: dict[str, tuple[int, int]] = {}
         self._descriptors: dict[Any, BatchDescriptor] = {}
         """vLLM's descriptor (either kind) -> graph-inspector's."""
+        self._last_descriptor: tuple[Any, Any] = (object(), None)
+        """The last vLLM descriptor looked up and its answer (held, so its id cannot be reused)."""
         self._canonical: dict[BatchDescriptor, BatchDescriptor] = {}
         """One object per key: the twins find their graph by the descriptor's identity first."""
         self._context_key: Any = None
@@ -187,13 +189,17 @@ class VllmSession:
     def descriptor(self, vllm_descriptor: Any, execution: bool = False) -> BatchDescriptor:
         """graph-inspector's descriptor for one of vLLM's, the same object every time for the same key
         (so the twins find their graph by identity)."""
-        found = self._descriptors.get(vllm_descriptor)
+        last = self._last_descriptor
+        if vllm_descriptor is last[0]:  # the step's dispatch, then its forward: one object, one lookup
+            return last[1]
+        found = self._descriptors.get(vllm_descriptor)  # vLLM's frozen dataclasses hash in Python
         if found is None:
             made = descriptor_of_execution(vllm_descriptor) if execution else descriptor_of(vllm_descriptor)
             found = self._canonical.setdefault(made, made)
             self._descriptors[vllm_descriptor] = found
             if execution:
                 self._executions.setdefault(found, vllm_descriptor)
+        self._last_descriptor = (vllm_descriptor, found)
         return found
 
     def step(self, vllm_mode: Any, vllm_descriptor: Any, num_tokens: int, uniform: bool, *,
