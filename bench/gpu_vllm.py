@@ -303,7 +303,8 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def waves_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per level, its time against off's on the same work: the median over every cycle of every
-    process (wall and CPU), per process; and how many cycles served the same tokens at every level."""
+    process (wall and CPU) with a 95% interval of that median, per process; and how many cycles
+    served the same tokens at every level."""
     summary: dict[str, Any] = {"per_process": {}, "cycles": 0, "cycles_identical": 0}
     every: dict[str, dict[str, list[float]]] = {}
     for r in results:
@@ -319,7 +320,21 @@ def waves_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     summary["median_over_every_cycle"] = {
         level: {kind: statistics.median(values) if values else None for kind, values in got.items()}
         for level, got in every.items()}
+    summary["median_95_interval"] = {level: median_interval(got["wall"]) for level, got in every.items()}
     return summary
+
+
+def median_interval(values: list[float], resamples: int = 10_000, seed: int = 0) -> list[float] | None:
+    """A 95% bootstrap interval of the median of ``values`` (cycles resampled with replacement, a
+    fixed seed so the same results give the same interval): how far the median could be from what
+    more cycles would give."""
+    import random
+
+    if len(values) < 2:
+        return None
+    pick = random.Random(seed)
+    medians = sorted(statistics.median(pick.choices(values, k=len(values))) for _ in range(resamples))
+    return [medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]]
 
 
 def stopped(result: dict[str, Any]) -> str:

@@ -148,3 +148,19 @@ def test_the_waves_plan_and_its_summary(monkeypatch) -> None:
     assert summary["median_over_every_cycle"]["off"] == {"wall": 1.0, "cpu": 1.0}
     assert summary["median_over_every_cycle"]["on"]["wall"] < 0.9
     assert set(summary["per_process"]) == {"a", "b"}
+    low, high = summary["median_95_interval"]["on"]
+    assert low <= summary["median_over_every_cycle"]["on"]["wall"] <= high < 1.0
+
+
+def test_the_interval_of_a_median_narrows_with_more_cycles_and_is_the_same_for_the_same_values(
+        monkeypatch) -> None:
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    from gpu_vllm import median_interval
+
+    spread = [0.9 + 0.01 * (i % 11) for i in range(22)]  # 0.90 .. 1.00, median 0.95
+    narrow, wide = median_interval(spread * 10), median_interval(spread)
+    assert narrow[0] <= 0.95 <= narrow[1] and wide[0] <= 0.95 <= wide[1]
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]
+    assert median_interval(spread) == wide and median_interval([1.0]) is None
