@@ -10,7 +10,8 @@ vLLM runs the ``vllm.general_plugins`` entry points of installed packages in eve
 does nothing while ``GRAPH_INSPECTOR_VLLM`` is unset. With it set, it checks vLLM's version (it knows
 vLLM 0.25.x; any other release is refused in one line that names ``graph-inspector watch`` instead),
 installs the hooks (``hooks``) and the process that builds a model runner records (``session``).
-``GRAPH_INSPECTOR_CHECKS=off`` records without checking vLLM's replays; ``hooks.pause()`` and
+``GRAPH_INSPECTOR_CHECKS=off`` records without checking vLLM's replays, ``=debug`` checks everything on
+every replay and raises at the first finding (a test run); ``hooks.pause()`` and
 ``hooks.resume()`` take the integration out of an in-process engine and put it back between steps.
 """
 
