@@ -429,18 +429,12 @@ class Segments:
 def serve(engine: Any, requests: list[tuple[int, list[int], int]], prefix: str, sampling: Any
           ) -> dict[str, Any]:
     """Serve ``requests`` (arrival step, prompt, output tokens) to the end, plainly (the warm-up)."""
-    pending, step, added, started = list(requests), 0, 0, time.perf_counter()
-    while pending or engine.has_unfinished_requests():
-        if pending and not engine.has_unfinished_requests():
-            step = max(step, pending[0][0])
-        while pending and pending[0][0] <= step:
-            _, prompt, output = pending.pop(0)
-            params = sampling(max_tokens=output, temperature=0.0, ignore_eos=True, detokenize=False)
-            engine.add_request(f"{prefix}{added}", {"prompt_token_ids": prompt}, params)
-            added += 1
-        engine.step()
-        step += 1
-    return {"requests": added, "steps": step, "seconds": round(time.perf_counter() - started, 2)}
+    from bench.vllm_waves import serve_requests
+
+    started = time.perf_counter()
+    made, _, clock = serve_requests(engine, requests, prefix, lambda n: sampling(
+        max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False))
+    return {"requests": len(made), "steps": clock, "seconds": round(time.perf_counter() - started, 2)}
 
 
 FAULT_ORDER = ("weight_data_swap", "weight_parameter_reassigned", "input_buffer_replaced",

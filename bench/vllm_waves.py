@@ -37,6 +37,32 @@ def windows(requests: Sequence[Request], start: int, width: int, count: int) -> 
     return out
 
 
+def serve_requests(engine: Any, requests: Sequence[Request], prefix: str, params: Callable[[int], Any],
+                   on_step: Callable[[int], None] = lambda _: None) -> tuple[dict[str, list[int]], int, int]:
+    """Serve ``requests`` through vLLM's ``LLMEngine`` to the end, each added at its arrival step (an
+    idle engine skips to the next arrival), as ``<prefix><i>``: the tokens of each (in the order added),
+    the engine steps run and the arrival clock's last step. ``on_step(i)`` is told each step before it
+    runs (``i`` counts from 0)."""
+    pending = collections.deque(requests)
+    clock = ran = 0
+    made: dict[str, list[int]] = {}
+    while pending or engine.has_unfinished_requests():
+        if pending and not engine.has_unfinished_requests():
+            clock = max(clock, pending[0][0])  # idle until the next arrival: no step to run
+        while pending and pending[0][0] <= clock:
+            _, prompt, output = pending.popleft()
+            request = f"{prefix}{len(made)}"
+            engine.add_request(request, {"prompt_token_ids": prompt}, params(output))
+            made[request] = []
+        on_step(ran)
+        for result in engine.step():
+            if result.finished:
+                made[result.request_id] = list(result.outputs[0].token_ids)
+        clock += 1
+        ran += 1
+    return made, ran, clock
+
+
 class Waves:
     """Serves each window once per level (``levels.apply`` between waves; None: nothing to apply)."""
 
@@ -67,28 +93,16 @@ class Waves:
 
     def _serve(self, engine: Any, window: list[Request], prefix: str, params: Callable[[int], Any],
                on_step: Callable[[int], None]) -> dict[str, Any]:
-        pending = collections.deque(window)
-        step = ran = 0
-        made: dict[str, list[int]] = {}
         cpu, began = time.process_time(), time.perf_counter()
-        while pending or engine.has_unfinished_requests():
-            if pending and not engine.has_unfinished_requests():
-                step = max(step, pending[0][0])  # idle until the next arrival: no step to run
-            while pending and pending[0][0] <= step:
-                _, prompt, output = pending.popleft()
-                request = f"{prefix}{len(made)}"
-                engine.add_request(request, {"prompt_token_ids": prompt}, params(output))
-                made[request] = []
+
+        def stepping(_: int) -> None:
             on_step(self.steps)
-            for result in engine.step():
-                if result.finished:
-                    made[result.request_id] = list(result.outputs[0].token_ids)
-            step += 1
-            ran += 1
             self.steps += 1
+
+        made, ran, _ = serve_requests(engine, window, prefix, params, stepping)
         seconds, cpu_seconds = time.perf_counter() - began, time.process_time() - cpu
         self.tokens.update(made)
-        ordered = [made[f"{prefix}{i}"] for i in range(len(made))]
+        ordered = list(made.values())
         return {"requests": len(made), "steps": ran, "tokens": sum(map(len, ordered)),
                 "seconds": round(seconds, 6), "cpu_seconds": round(cpu_seconds, 6),
                 "tokens_sha256": hashlib.sha256(json.dumps(ordered).encode()).hexdigest()}

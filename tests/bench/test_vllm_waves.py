@@ -164,3 +164,13 @@ def test_the_interval_of_a_median_narrows_with_more_cycles_and_is_the_same_for_t
     assert narrow[0] <= 0.95 <= narrow[1] and wide[0] <= 0.95 <= wide[1]
     assert narrow[1] - narrow[0] < wide[1] - wide[0]
     assert median_interval(spread) == wide and median_interval([1.0]) is None
+
+
+def test_the_warm_up_serves_every_request_to_the_end_on_the_arrival_clock() -> None:
+    from bench.vllm_serve import serve
+
+    engine = Engine()
+    requests = [(0, [100], 2), (1, [101], 1), (10, [102], 3)]  # the engine idles from step 2 to 10
+    got = serve(engine, requests, "w", lambda **params: SimpleNamespace(**params))
+    assert got["requests"] == 3 and not engine.running
+    assert got["steps"] == 13  # the arrival clock: the idle stretch skipped, not stepped through

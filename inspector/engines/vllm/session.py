@@ -61,11 +61,11 @@ CANARY_ENV = "GRAPH_INSPECTOR_CANARY"
 the V1 runner's FULL graphs and every PIECEWISE piece)."""
 CHECKS_ENV = "GRAPH_INSPECTOR_CHECKS"
 """``always_on`` (the default): every replay of vLLM's graphs checked; ``off``: vLLM's graphs, steps and
-padding recorded, their replays not checked (on the H200, within one process, a host-bound tiny model
-served 0.978 of its tokens/s with the checks on and no measurably less with recording alone:
-BENCHMARKS.md, "vLLM"); ``debug``: every check on every replay, the canary too (each replay of a graph
-with an eager form is run again eagerly and compared), and the first finding raises inside vLLM's
-forward: for a test run or a bisection, not for serving."""
+padding recorded, their replays not checked (on the H200, a host-bound tiny model served 0.977 of its
+tokens/s with the checks on and 0.991 recording only, each on identical work: BENCHMARKS.md, "vLLM");
+``debug``: every check on every replay, the canary too (each replay of a graph with an eager form is
+run again eagerly and compared), and the first finding raises inside vLLM's forward: for a test run or
+a bisection, not for serving."""
 CHECK_MODES = ("always_on", "off", "debug")
 
 

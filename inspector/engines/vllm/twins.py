@@ -196,8 +196,10 @@ class ComparedPart:
         self.allocated = allocated
 
     def __call__(self, name: str, tensor: Any, context: ForwardContext) -> Any:
-        if name in self.allocated and getattr(tensor, "dim", None):
+        if not getattr(tensor, "dim", None) or not tensor.dim():
+            return tensor
+        if name in self.allocated:
             return tensor[:0]
-        if getattr(tensor, "dim", None) and tensor.dim() and tensor.shape[0] == context.descriptor.num_tokens:
+        if tensor.shape[0] == context.descriptor.num_tokens:
             return tensor[: context.num_real_tokens]
         return tensor
