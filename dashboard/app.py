@@ -61,6 +61,7 @@ def create_app(
     if test_config:
         app.config.update(test_config)
     app.json.sort_keys = False
+    app.url_map.merge_slashes = False  # ``/api//0`` is no route: a 404 in the envelope, not an HTML redirect
     store = open_store(db_url, upgrade=True)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(InspectorCollector(store))
