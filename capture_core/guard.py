@@ -6,7 +6,8 @@ are sampled (``canary.Sampling``). ``ReplayChecks`` holds them for one graph and
 *guard* from them: a single generated function whose body is a flat run of comparisons -
 ``args[0] is <captured tensor> and args[3][2][0] is <captured tensor> and ...`` (with each captured
 object's address, and its shape and strides when its version counter moved), the module
-registration count against the one last checked, the address of each parameter and buffer, each
+registration count and the parameter swap count (``capture_core.swaps``) against the ones last
+checked, the address of each buffer (and of a parameter whose swaps are not counted), each
 per-step input's version counter against its last replay's, whether this step's padding rows held
 real tokens at their last replay (the newest row-status entry: same size, and at least as many real
 tokens), and a countdown to the next sampled replay. Identity tests and integer compares: the
@@ -37,6 +38,7 @@ from capture_core.checks import Finding
 from capture_core.inputs import InputLayout, TensorInput, version_of
 from capture_core.stale import PerStepInputs
 from capture_core.state import REGISTRATIONS, ModuleState
+from capture_core.swaps import DATA_SWAPS
 
 _NEVER = 1 << 62
 """A countdown that never runs out (no replay after this one is sampled)."""
@@ -118,7 +120,7 @@ class ReplayChecks:
         if self.check_inputs:
             findings += self._input_changes(args, kwargs)
         state = self.state
-        if state is not None and (sampled or state.checked_at[0] != REGISTRATIONS[0] or state.moved()):
+        if state is not None and (sampled or state.changed_since_checked() or state.moved()):
             findings += state.find_changes()
         if self.baked is not None:
             findings += self.baked.find_changes(args, kwargs, deep=sampled)
@@ -152,8 +154,8 @@ class ReplayChecks:
             own = f"v.data_ptr() == {address} and {shaped}"
         else:
             seen = bind(cell)
-            own = (f"v.data_ptr() == {address} and (v._version == {seen}[0] or {shaped} and "
-                   f"not {seen}.__setitem__(0, v._version))")
+            own = (f"v.data_ptr() == {address} and ((n := v._version) == {seen}[0] or {shaped} and "
+                   f"not {seen}.__setitem__(0, n))")
         fresh = f"v.data_ptr() == {address} and {shaped} and v.dtype is {bind(dtype)}"
         captured = bind(spec.tensor)
         return f"((v := {spec.access()}) is {captured} and {own} or v is not {captured} and {fresh})"
@@ -174,6 +176,7 @@ class ReplayChecks:
             same += [self._same(index, spec, bind) for index, spec in enumerate(self.layout.inputs)]
         if self.state is not None:
             same.append(f"{bind(REGISTRATIONS)}[0] == {bind(self.state.checked_at)}[0]")
+            same.append(f"{bind(DATA_SWAPS)}[0] == {bind(self.state.swaps_at)}[0]")
             same += [f"{bind(held)}.data_ptr() == {address}" for held, address in self.state.guard_terms()]
         if self.baked is not None:  # identity first; ``is True``: an equality that is no bool says no
             same += [f"((x := {access}) is {bind(v)} or (x == {bind(v)}) is True)"

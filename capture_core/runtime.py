@@ -145,7 +145,7 @@ class GraphRuntime:
             self.step_timer = StepTimer(self._report_step_time, self.sampling, device_events=device_events)
         self.unexpected_capture = UnexpectedCapturePolicy.parse(unexpected_capture)
         self.warmup_iters = warmup_iters
-        self.observer: GraphObserver = observer if observer is not None else NullObserver()
+        self.observer = observer if observer is not None else NullObserver()
         self.progress = progress
         self.phase = CapturePhase.BEFORE
         self._phase_depth = 0
@@ -160,6 +160,20 @@ class GraphRuntime:
             self.sampling.first, self.sampling.every, "on" if canary else "off",
             self.step_timer.clock if self.step_timer is not None else "off",
         )
+
+    @property
+    def observer(self) -> GraphObserver:
+        """Receives the graph cache's events."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: GraphObserver) -> None:
+        self._observer = observer
+        on_replay = getattr(type(observer), "on_replay", None)
+        self.replay_observer: Callable[[CUDAGraphMode, BatchDescriptor, int], None] | None = (
+            None if on_replay is NullObserver.on_replay else observer.on_replay)
+        """The observer's ``on_replay``, or None for one that ignores replays (the replay path then
+        makes no call)."""
 
     @property
     def backend_name(self) -> str:

@@ -10,10 +10,11 @@ check is split by cost:
 
 * always on: PyTorch's global module registration hooks count every assignment of a parameter,
   buffer or submodule anywhere in the process (one integer bump each), and a graph's replay guard
-  compares that count with the one it last checked at; and the guard reads the address of every
-  parameter and buffer it captured (one ``data_ptr()`` each), which finds what no hook sees:
-  ``param.data = new`` (an RL weight sync does this), ``set_``, ``.to()``. Either is found at the
-  very next replay of every graph.
+  compares that count with the one it last checked at; what no module hook sees - ``param.data =
+  new`` (an RL weight sync does this), ``set_``, ``.to()``, ``swap_tensors`` - is counted where it
+  happens (``capture_core.swaps``) and compared the same way; and the guard reads the address of
+  every buffer (one ``data_ptr()`` each), and of a parameter whose class could bypass that count.
+  Any of these is found at the very next replay of every graph.
 * on sampled replays (and every debug replay), and whenever the guard said no, every parameter and
   buffer re-read from its module's dict and its address compared (a different object: its whole
   layout); after a counted registration the module tree is walked again by name, which finds a
@@ -31,6 +32,7 @@ from torch.nn.modules import module as module_hooks
 
 from capture_core.checks import Finding
 from capture_core.inputs import LayoutKey, compare, layout_key
+from capture_core.swaps import DATA_SWAPS, counted, watch_data_swaps
 
 REGISTRATIONS = [0]
 """How many parameters, buffers and submodules have been assigned in this process since the
@@ -87,6 +89,7 @@ class ModuleState:
 
     def __init__(self, module: nn.Module) -> None:
         watch_registrations()
+        watch_data_swaps()
         self.module = module
         self.tensors = tuple(
             StateTensor(name, owner, table, attribute, tensor, layout_key(tensor))
@@ -94,10 +97,20 @@ class ModuleState:
         )
         self.checked_at = [REGISTRATIONS[0]]
         """The registration count at the last clean check (a one-element list, read in place)."""
+        self.swaps_at = [DATA_SWAPS[0]]
+        """The parameter swap count at the last clean check (the same way)."""
+
+    def changed_since_checked(self) -> bool:
+        """Whether a registration or a parameter swap was counted since the last clean check."""
+        return self.checked_at[0] != REGISTRATIONS[0] or self.swaps_at[0] != DATA_SWAPS[0]
 
     def guard_terms(self) -> list[tuple[torch.Tensor, int]]:
-        """``(tensor, captured address)`` of every parameter and buffer, for the replay guard."""
-        return [(spec.tensor, spec.key[0]) for spec in self.tensors]
+        """``(tensor, captured address)`` of every buffer, and of every parameter whose swaps are not
+        counted, for the replay guard (the counts cover the rest); a tensor held under several names
+        (a rotary cache every layer shares) once."""
+        terms = {id(spec.tensor): (spec.tensor, spec.key[0])
+                 for spec in self.tensors if not counted(spec.tensor)}
+        return list(terms.values())
 
     def moved(self) -> bool:
         """Whether any captured parameter or buffer lives elsewhere now (``.data =``, ``set_``)."""
@@ -106,8 +119,8 @@ class ModuleState:
     def find_changes(self) -> list[Finding]:
         """Every parameter and buffer not as captured, each re-read from its owner's dict; when the
         registration count moved, the module tree is walked again by name (a replaced submodule
-        holds other tensors). When nothing is wrong, the count is noted as checked."""
-        count = REGISTRATIONS[0]
+        holds other tensors). When nothing is wrong, the counts are noted as checked."""
+        count, swaps = REGISTRATIONS[0], DATA_SWAPS[0]
         walked = None
         if count != self.checked_at[0]:
             walked = {name: tensor for name, _, _, _, tensor in _state_of(self.module)}
@@ -120,5 +133,5 @@ class ModuleState:
             if finding is not None:
                 findings.append(finding)
         if not findings:
-            self.checked_at[0] = count
+            self.checked_at[0], self.swaps_at[0] = count, swaps
         return findings

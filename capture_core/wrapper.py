@@ -330,8 +330,8 @@ class CUDAGraphWrapper:
         else:
             graph.replay()
             outputs = graph.outputs
-        if self.reports:  # told after the launch: the observer's host work overlaps the graph's
-            runtime.observer.on_replay(context.mode, descriptor, real)
+        if self.reports and runtime.replay_observer is not None:  # after the launch: overlaps the graph
+            runtime.replay_observer(context.mode, descriptor, real)
         return outputs
 
     def _replay_checked(
@@ -344,8 +344,8 @@ class CUDAGraphWrapper:
         findings, sampled = checks.inspect(args, kwargs, context.num_real_tokens, debug)
         if findings:
             runtime.report_findings(self.name, context.mode, context.descriptor, findings)
-        if self.reports:
-            runtime.observer.on_replay(context.mode, context.descriptor, context.num_real_tokens)
+        if self.reports and runtime.replay_observer is not None:
+            runtime.replay_observer(context.mode, context.descriptor, context.num_real_tokens)
         canary = None
         if sampled and self.reports and self.has_eager_form and (debug or runtime.canary):
             part = None if self.compared is None else functools.partial(self.compared, context=context)

@@ -52,6 +52,16 @@ def captured(observer, sampling: Sampling = NO_SAMPLES, **options) -> tuple:
     return model, wrapper, x
 
 
+def captured_model(model: nn.Module, observer) -> tuple:
+    """``model``'s graph captured with only the always-on checks: its wrapper, checks and input."""
+    runtime = GraphRuntime("eager", observer=observer, progress=False, sampling=NO_SAMPLES)
+    wrapper = CUDAGraphWrapper(model, runtime, name="model")
+    x = torch.ones(2, 4)
+    with runtime.capture_phase(), set_forward_context(FULL, DESC):
+        wrapper(x)
+    return wrapper, next(iter(wrapper.graphs.values())).checks, x
+
+
 def replay(wrapper: CUDAGraphWrapper, x: torch.Tensor) -> None:
     with set_forward_context(FULL, DESC):
         wrapper(x)
@@ -126,31 +136,105 @@ class HookedParameter(nn.Parameter):
     calls = 0
 
 
-def test_weights_of_a_hooked_subclass_are_read_with_the_hooks_off_and_a_swap_is_still_caught(
-    observer,
-) -> None:
+class PassThroughParameter(nn.Parameter):
+    """A parameter subclass whose ``__torch_function__`` only passes on, as vLLM's
+    ``BasevLLMParameter``'s does (one torch.compile traces through)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class OwnSetattrParameter(HookedParameter):
+    """A hooked parameter class with its own ``__setattr__``: it may bypass the counted one."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+
+@pytest.mark.parametrize("swap", [
+    lambda p: setattr(p, "data", torch.randn(4, 4)),
+    lambda p: p.set_(torch.randn(4, 4)),
+    lambda p: torch.utils.swap_tensors(p, nn.Parameter(torch.randn(4, 4), requires_grad=False)),
+])
+def test_the_guard_reads_no_counted_weight_and_a_swap_under_a_hooked_subclass_is_caught(swap, observer):
+    """vLLM's weights are a ``__torch_function__`` subclass: the guard reads none of them (their
+    swaps are counted where they happen), so it never enters their hook, and a swap is still found
+    at the next replay."""
     model = Model().requires_grad_(False)
     for block in model.layers:
         block.lin.weight = HookedParameter(block.lin.weight.detach())
-    runtime = GraphRuntime("eager", observer=observer, progress=False, sampling=NO_SAMPLES)
-    wrapper = CUDAGraphWrapper(model, runtime, name="hooked")
-    x = torch.ones(2, 4)
-    with runtime.capture_phase(), set_forward_context(FULL, DESC):
-        wrapper(x)
-    checks = next(iter(wrapper.graphs.values())).checks
-    assert "with _no_subclass_hooks():" in checks.guard_source
+    wrapper, checks, x = captured_model(model, observer)
+    addresses = {held.data_ptr() for held, _ in checks.state.guard_terms()}
+    assert addresses == {block.offset.data_ptr() for block in model.layers}  # the buffers alone
     HookedParameter.calls = 0
     assert checks.clean((x,), {}, 2)
-    assert HookedParameter.calls == 0  # every weight read without entering Python
+    assert HookedParameter.calls == 0
     for _ in range(3):
         replay(wrapper, x)
     assert observer.violations == []
-    model.layers[1].lin.weight.data = torch.randn(4, 4)  # a .data swap under the subclass parameter
+    with torch.no_grad():
+        swap(model.layers[1].lin.weight)
     replay(wrapper, x)
     (event,) = observer.violations
     assert (event.kind, event.input_name) == (ViolationKind.ADDRESS_DRIFT, "self.layers.1.lin.weight")
-    plain = captured(observer)[1]
-    assert "_no_subclass_hooks" not in next(iter(plain.graphs.values())).checks.guard_source
+
+
+def test_a_parameter_class_that_may_bypass_the_count_keeps_its_address_in_the_guard(observer) -> None:
+    model = Model().requires_grad_(False)
+    model.layers[0].lin.weight = OwnSetattrParameter(model.layers[0].lin.weight.detach())
+    wrapper, checks, x = captured_model(model, observer)
+    held = {id(tensor) for tensor, _ in checks.state.guard_terms()}
+    assert id(model.layers[0].lin.weight) in held and id(model.layers[1].lin.weight) not in held
+    assert "with _no_subclass_hooks():" in checks.guard_source  # read with its hook off
+    HookedParameter.calls = 0
+    assert checks.clean((x,), {}, 2) and HookedParameter.calls == 0
+    replay(wrapper, x)
+    torch.Tensor.data.__set__(model.layers[0].lin.weight, torch.randn(4, 4))  # under the count
+    replay(wrapper, x)
+    (event,) = observer.violations
+    assert event.input_name == "self.layers.0.lin.weight"
+
+
+def test_a_buffer_shared_by_layers_is_read_once_and_its_swap_caught_under_every_name(observer) -> None:
+    model = Model().requires_grad_(False)
+    shared = model.layers[0].offset
+    model.layers[1].offset = shared  # one rotary cache, held by every layer
+    wrapper, checks, x = captured_model(model, observer)
+    assert [held for held, _ in checks.state.guard_terms()] == [shared]
+    replay(wrapper, x)
+    shared.data = torch.ones(4)  # a buffer's swap is not counted: its address is read every replay
+    replay(wrapper, x)
+    names = sorted(v.input_name for v in observer.violations)
+    assert names == ["self.layers.0.offset", "self.layers.1.offset"]
+
+
+def test_counting_swaps_changes_nothing_a_parameter_does_and_torch_compile_still_traces_data() -> None:
+    from capture_core.swaps import DATA_SWAPS, watch_data_swaps
+
+    watch_data_swaps()
+    weight = HookedParameter(torch.ones(3))
+    before = DATA_SWAPS[0]
+    weight.note = "an attribute"  # not a swap
+    weight.data = torch.full((3,), 2.0)
+    assert DATA_SWAPS[0] == before + 1 and weight.note == "an attribute" and weight.tolist() == [2.0] * 3
+    with pytest.raises(TypeError, match="has to be a tensor"):
+        weight.data = 5
+    linear = nn.Linear(2, 2)
+    linear.to(torch.float64)  # nn.Module._apply swaps each parameter's data
+    assert DATA_SWAPS[0] == before + 3 and linear.weight.dtype == torch.float64
+
+    class Reads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.plain = nn.Parameter(torch.ones(3))
+            self.hooked = PassThroughParameter(torch.full((3,), 3.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.plain.data + self.hooked.data * self.hooked
+
+    compiled = torch.compile(Reads(), backend="eager", fullgraph=True)
+    assert compiled(torch.ones(3)).tolist() == [10.0] * 3
 
 
 def test_a_reassigned_weight_raises_in_debug_mode(observer) -> None:
