@@ -25,7 +25,8 @@ window once at each of ``WAVE_LEVELS`` (``vllm_serve.py --waves``: the same requ
 so a level's cost is seen on identical work), then each runner serving the trace with the checks in
 debug mode (every check on every replay, the canary's eager run too). The ``debug`` plan: those two,
 and a V2 and a V1 process timing the integration's own host work per step at each level from inside
-(``vllm_serve.py --time-integration``).
+(``vllm_serve.py --time-integration``). The ``probe`` plan: the V2 one of those alone; the
+``faults`` plan: each runner serving with the planted faults.
 
 All of a plan's processes share one compile cache (``SHARED_CACHE``; not yet run on the H200).
 Every process builds and waits on the cores from 4 up and serves alone on cores 0-3 (``SERVE_CPUS``),
@@ -92,6 +93,8 @@ def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
         {"tag": "v2-faults", "group": 1, "serve": 52, "db": True,
          "args": [*shared, "--runner", "v2", "--faults", *KV]},
     ]
+    if name == "faults":  # each runner with the planted faults, alone
+        return faults
     alternating = [{"tag": f"v{runner}-alt-{i + 1}", "group": 1, "serve": 40 + 4 * (runner == 1) + i,
                     "db": True, "args": [*shared, "--runner", f"v{runner}", "--alternate", str(ALTERNATE),
                                          "--levels", LEVELS, *KV]}
@@ -109,11 +112,13 @@ def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
                   "args": ["--steps", str(DEBUG_STEPS), "--runner", f"v{runner}", "--checks", "debug", *KV]}
                  for runner in (2, 1)]
         return [*waves, *debug]
+    timed = [{"tag": f"v{runner}-timed", "group": int(runner == 1), "serve": 20 + runner, "db": True,
+              "args": ["--runner", f"v{runner}", "--waves", "4", "--levels", WAVE_LEVELS,
+                       "--time-integration", "--warmup-steps", "400", *KV]}
+             for runner in (2, 1)]
+    if name == "probe":  # where an attached V2 step's host time goes, alone on the machine
+        return timed[:1]
     if name == "debug":  # the checks in debug mode, and where an attached step's host time goes
-        timed = [{"tag": f"v{runner}-timed", "group": int(runner == 1), "serve": 20 + runner, "db": True,
-                  "args": ["--runner", f"v{runner}", "--waves", "4", "--levels", WAVE_LEVELS,
-                           "--time-integration", "--warmup-steps", "400", *KV]}
-                 for runner in (2, 1)]
         debug = [{"tag": f"v{runner}-debug", "group": 1, "serve": 30 + runner, "db": True,
                   "args": ["--steps", str(DEBUG_STEPS), "--runner", f"v{runner}", "--checks", "debug", *KV]}
                  for runner in (2, 1)]
@@ -346,7 +351,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", default="full",
                         choices=("full", "checks", "compare", "final", "alternate", "levels", "waves",
-                                 "debug"))
+                                 "debug", "probe", "faults"))
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--pairs", type=int, default=3, help="off/on pairs of V2 processes compared")
     parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole plan's bound")

@@ -15,6 +15,13 @@ static output, the host work vLLM's own replay path does besides ``graph.replay(
 PIECEWISE forward: ``--pieces`` pieces of ``--inputs`` positional inputs each (the hidden states and
 the weights torch.compile lifts into each piece), as vLLM's piecewise backend calls them.
 
+``--runner v2`` measures the V2 model runner's decode step instead: vLLM's own
+``dispatch_cg_and_sync_dp`` and ``ModelCudaGraphManager.run_fullgraph`` (the graph's ``replay()`` a
+no-op), a model of ``--layers`` decoder layers whose weights are vLLM's own parameter class (a
+``__torch_function__`` subclass, as the real model's), the runner's persistent input buffers, block
+tables and one KV cache a layer. "off" there is the same calls with the hooks paused
+(``hooks.paused``): exactly vLLM's own code.
+
 Rounds alternate off and on (``--rounds``, each ``--steps`` steps after a warm-up); the figures are
 the medians of the per-round microseconds per step and their difference, in CPU time of the process
 (all its threads), so that other work on a shared host moves them less than wall time. Needs vLLM importable
@@ -24,12 +31,14 @@ the medians of the per-round microseconds per step and their difference, in CPU 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -131,42 +140,151 @@ def steps(wrappers: list[Any], x: torch.Tensor, weights: list[torch.Tensor], pie
     return time.process_time() - started
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+class NoReplay:
+    """A V2 FULL graph whose replay does nothing (the GPU's part is not measured here)."""
+
+    def replay(self) -> None:
+        return None
+
+
+def v2_runner(layers: int, width: int) -> tuple[SimpleNamespace, Any, dict[int, Any]]:
+    """A V2 model runner as the hooks read it, its ``ModelCudaGraphManager`` (vLLM's class, its
+    ``dispatch`` answering from the captured sizes) and the execution descriptor of each size."""
+    from vllm.config import CUDAGraphMode
+    from vllm.model_executor.parameter import ModelWeightParameter
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, ModelCudaGraphManager
+
+    def weight(*shape: int) -> torch.Tensor:  # vLLM's parameter class, its TP-reading __init__ skipped
+        return ModelWeightParameter.__new__(ModelWeightParameter, data=torch.zeros(*shape))
+
+    model = torch.nn.Module()
+    model.embed = torch.nn.Module()
+    model.embed.weight = weight(64, width)
+    model.layers = torch.nn.ModuleList()
+    for _ in range(layers):
+        layer = torch.nn.Module()
+        for name in ("qkv", "o", "gate_up", "down", "input_norm", "post_norm"):
+            setattr(layer, name, torch.nn.Module())
+            getattr(layer, name).weight = weight(width, width)
+        layer.register_buffer("cos_sin_cache", torch.zeros(max(SIZES), width))
+        model.layers.append(layer)
+    model.norm = torch.nn.Module()
+    model.norm.weight = weight(width)
+    executions = {size: BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=size, num_reqs=size,
+                                                 uniform_token_count=1) for size in SIZES}
+    manager = object.__new__(ModelCudaGraphManager)
+    manager.__dict__.update(
+        graphs={execution: NoReplay() for execution in executions.values()}, decode_query_len=1,
+        is_last_pp_rank=True, hidden_states=torch.zeros(max(SIZES), width),
+        use_aux_hidden_state_outputs=False, intermediate_tensors=None,
+        dispatch=lambda num_reqs, num_tokens, uniform, num_active_loras=0: executions[num_tokens])
+    n = max(SIZES)
+    runner = config(model)
+    runner.__dict__.update(
+        cudagraph_manager=manager,
+        input_buffers=SimpleNamespace(input_ids=torch.zeros(n, dtype=torch.int32),
+                                      positions=torch.zeros(n, dtype=torch.int64),
+                                      query_start_loc=torch.zeros(n + 1, dtype=torch.int32),
+                                      seq_lens=torch.zeros(n, dtype=torch.int32)),
+        block_tables=SimpleNamespace(slot_mappings=torch.zeros(1, n, dtype=torch.int64),
+                                     input_block_tables=[torch.zeros(n, 16, dtype=torch.int32)]),
+        kv_caches=[torch.zeros(2, 16, 16, width) for _ in range(layers)])
+    runner.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL
+    return runner, manager, executions
+
+
+def v2_steps(runner: SimpleNamespace, manager: Any, count: int) -> float:
+    """CPU seconds of this process for ``count`` V2 decode steps cycling through the sizes: vLLM's
+    dispatch, then its FULL replay, as its ``execute_model`` calls them (the buffers written in
+    place between, as the runner's ``prepare_inputs`` does)."""
+    from vllm.v1.worker.gpu import model_runner
+
+    buffers = runner.input_buffers
+    started = time.process_time()
+    for step in range(count):
+        size = SIZES[step % len(SIZES)]
+        buffers.input_ids[:size].fill_(step)  # the step's write: its counter moves
+        buffers.positions[:size].fill_(step)
+        execution, _ = model_runner.dispatch_cg_and_sync_dp(manager, size, size, 1, 1, 0)
+        manager.run_fullgraph(execution)
+    return time.process_time() - started
+
+
+def run_v2(args: argparse.Namespace) -> dict[str, Any]:
+    """The V2 decode step: on (hooked) against off (the same calls, the hooks paused), alternating."""
+    from inspector.engines.vllm import hooks
+
+    runner, manager, executions = v2_runner(args.layers, args.width)
+    off, on = [], []
+    with recording() as (session, db):
+        session.attach(runner, "V2")
+        for execution in executions.values():  # what the manager's capture hands over
+            session.adopt_full(manager, execution, hooks._full_inputs(runner), 0.001, 0)
+        session.capture_finished()
+        v2_steps(runner, manager, args.steps)  # warm-up
+        for _ in range(args.rounds):
+            with hooks.paused():
+                off.append(v2_steps(runner, manager, args.steps) / args.steps * 1e6)
+            on.append(v2_steps(runner, manager, args.steps) / args.steps * 1e6)
+    violations, replays = db
+    added = statistics.median(b - a for a, b in zip(off, on, strict=True))
+    return {"tree": str(TREE), "runner": "v2", "off_us_per_step": statistics.median(off),
+            "on_us_per_step": statistics.median(on), "added_us_per_step": added,
+            "rounds": {"off": off, "on": on}, "violations": violations, "recorded_replays": replays}
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[tuple[Any, list[int]]]:
+    """The integration installed, recording into a real SQLite file for the block (one thread, as
+    vLLM's worker runs it); the list yielded holds the violations and replays recorded, once out."""
     from inspector.engines.vllm import ENV, hooks, register
 
     torch.set_num_threads(1)
-    wrappers, model, weights = build(args.pieces, args.inputs, args.width)
-    x = torch.zeros(max(SIZES), args.width)  # the hidden states' static buffer, as vLLM's
+    found: list[int] = []
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "host_cost.db"
         os.environ[ENV] = f"sqlite:///{db}"
         register()
         session = hooks.session()
         assert session is not None
-        session.vllm_call = replay_body
         try:
-            session.attach(config(model), "V1")
-            steps(wrappers, x, weights, args.pieces, len(SIZES), session)  # the capture phase: every size
-            session.capture_finished()
-            steps(wrappers, x, weights, args.pieces, args.steps, session)  # warm-up
-            steps(wrappers, x, weights, args.pieces, args.steps, None)
-            off, on = [], []
-            for _ in range(args.rounds):
-                off.append(steps(wrappers, x, weights, args.pieces, args.steps, None) / args.steps * 1e6)
-                on.append(steps(wrappers, x, weights, args.pieces, args.steps, session) / args.steps * 1e6)
+            yield session, found
         finally:
             hooks.uninstall()
-        with sqlite3.connect(db) as conn:
-            violations = conn.execute("SELECT COUNT(*) FROM violations").fetchone()[0]
-            replays = conn.execute("SELECT COALESCE(SUM(replays), 0) FROM replay_totals").fetchone()[0]
+        found.extend(recorded(db))
+
+
+def recorded(db: Path) -> tuple[int, int]:
+    """The violations and the replays the run's database holds."""
+    with sqlite3.connect(db) as conn:
+        violations = conn.execute("SELECT COUNT(*) FROM violations").fetchone()[0]
+        replays = conn.execute("SELECT COALESCE(SUM(replays), 0) FROM replay_totals").fetchone()[0]
+    return violations, replays
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The PIECEWISE step: on (hooked) against off (vLLM's body called directly), alternating."""
+    wrappers, model, weights = build(args.pieces, args.inputs, args.width)
+    x = torch.zeros(max(SIZES), args.width)  # the hidden states' static buffer, as vLLM's
+    off, on = [], []
+    with recording() as (session, db):
+        session.vllm_call = replay_body
+        session.attach(config(model), "V1")
+        steps(wrappers, x, weights, args.pieces, len(SIZES), session)  # the capture phase: every size
+        session.capture_finished()
+        steps(wrappers, x, weights, args.pieces, args.steps, session)  # warm-up
+        steps(wrappers, x, weights, args.pieces, args.steps, None)
+        for _ in range(args.rounds):
+            off.append(steps(wrappers, x, weights, args.pieces, args.steps, None) / args.steps * 1e6)
+            on.append(steps(wrappers, x, weights, args.pieces, args.steps, session) / args.steps * 1e6)
+    violations, replays = db
     added = statistics.median(b - a for a, b in zip(off, on, strict=True))
-    result = {
+    return {
         "tree": str(TREE), "off_us_per_step": statistics.median(off), "on_us_per_step": statistics.median(on),
         "added_us_per_step": added,
         "added_us_per_piece_call": added / args.pieces,
         "rounds": {"off": off, "on": on}, "violations": violations, "recorded_replays": replays,
     }
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", type=Path, default=None,
                         help="measure the integration of another checkout of the project (its inspector and "
                              "capture_core; default: this one), for a before and after")
+    parser.add_argument("--runner", choices=("v1", "v2"), default="v1",
+                        help="v1 (default): a PIECEWISE step through vLLM's CUDAGraphWrapper; v2: the V2 "
+                             "runner's FULL decode step (dispatch and run_fullgraph)")
+    parser.add_argument("--layers", type=int, default=4,
+                        help="decoder layers of the V2 model (default 4: 26 weights, as the tiny Llama's)")
     parser.add_argument("--pieces", type=int, default=5, help="pieces per forward (default 5: vLLM's Llama)")
     parser.add_argument("--inputs", type=int, default=10, help="positional inputs per piece (default 10)")
     parser.add_argument("--width", type=int, default=16, help="hidden width of the stand-in tensors")
@@ -196,12 +319,19 @@ def main(argv: list[str] | None = None) -> int:
         global TREE
         TREE = args.tree.resolve()
         sys.path.insert(0, str(TREE))
-    result = run(args)
-    print(f"vLLM host cost per PIECEWISE step ({args.pieces} pieces x {args.inputs} inputs), "
+    if args.runner == "v2":
+        result = run_v2(args)
+        print(f"vLLM host cost per V2 FULL decode step ({args.layers} layers), median of {args.rounds} "
+              f"alternating rounds of {args.steps} steps:")
+        print(f"  {TREE}: off {result['off_us_per_step']:.1f} us   on {result['on_us_per_step']:.1f} us   "
+              f"added {result['added_us_per_step']:.1f} us")
+    else:
+        result = run(args)
+        print(f"vLLM host cost per PIECEWISE step ({args.pieces} pieces x {args.inputs} inputs), "
           f"median of {args.rounds} alternating rounds of {args.steps} steps:")
-    print(f"  {TREE}: off {result['off_us_per_step']:.1f} us   on {result['on_us_per_step']:.1f} us   "
-          f"added {result['added_us_per_step']:.1f} us "
-          f"({result['added_us_per_piece_call']:.1f} us a piece call)")
+        print(f"  {TREE}: off {result['off_us_per_step']:.1f} us   on {result['on_us_per_step']:.1f} us   "
+              f"added {result['added_us_per_step']:.1f} us "
+              f"({result['added_us_per_piece_call']:.1f} us a piece call)")
     if args.out is not None:
         config = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
         write_results(args.out, benchmark="vllm_host_cost", command=command_line(),

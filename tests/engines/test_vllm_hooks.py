@@ -321,9 +321,75 @@ def test_the_integration_clock_times_the_twins_own_work_per_step_and_the_looks_a
             forward(wrappers, x, model.proj.weight, 4)
     finally:
         clock.close()
-    got = clock.result()["on"]
+    result = clock.result()
+    got = result["on"]
     assert got["steps"] == 20 and got["graph_calls_per_step"] == PIECES
     assert got["serve_us_per_step"] > 0 and got["step_record_us_per_step"] > 0
+    assert 0 < got["guard_us_per_step"] < got["serve_us_per_step"]
+    probes = result["probes"]
+    assert set(probes) == {"outside a step", "inside a step"}
+    assert probes["inside a step"]["weights"] == len(list(model.parameters()))
+    assert probes["inside a step"]["torch_function_mode"] is False
+    assert all(entry.guard is entry.checks.clean for twin in session.twins for entry in twin.graphs.values())
+    alone = result["guards"][session.twins[0].name]
+    assert alone["passed"] is True and alone["us"] > 0 and "def clean" in alone["source"]
     looks = session.looks()
     assert [(t["graphs"], t["replays"]) for t in looks] == [(1, 20)] * PIECES
     assert all(t["looks"] == 1 for t in looks)  # the first replay is sampled; the guard passed the rest
+
+
+@pytest.fixture(params=["always_on", "off"])
+def attached_v2(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A stand-in V2 runner (``bench.vllm_host_cost.v2_runner``: vLLM's own ``ModelCudaGraphManager``
+    and parameter class), its FULL graphs handed over as its manager's capture hands them."""
+    from bench.vllm_host_cost import v2_runner
+    from inspector.engines.vllm import ENV, hooks, register
+    from inspector.engines.vllm.session import CHECKS_ENV
+
+    db = tmp_path / "v2.db"
+    monkeypatch.setenv(ENV, f"sqlite:///{db}")
+    monkeypatch.setenv(CHECKS_ENV, request.param)
+    register()
+    session = hooks.session()
+    runner, manager, executions = v2_runner(layers=2, width=8)
+    session.attach(runner, "V2")
+    for execution in executions.values():
+        session.adopt_full(manager, execution, hooks._full_inputs(runner), 0.001, 0)
+    session.capture_finished()
+    yield SimpleNamespace(session=session, db=db, runner=runner, manager=manager, checks=request.param)
+    hooks.uninstall()
+
+
+def v2_step(attached_v2: SimpleNamespace, size: int, tokens: int, need_eager: bool = False) -> None:
+    """One V2 step as its ``execute_model`` makes it: vLLM's dispatch, then its FULL replay."""
+    from vllm.v1.worker.gpu import model_runner
+
+    execution, _ = model_runner.dispatch_cg_and_sync_dp(attached_v2.manager, tokens, tokens, 1, 1, 0,
+                                                        need_eager=need_eager)
+    if execution.num_tokens != size and not need_eager:  # the stand-in dispatch pads by size
+        raise AssertionError(f"dispatched {execution.num_tokens}, expected {size}")
+    if not need_eager:
+        attached_v2.manager.run_fullgraph(execution)
+
+
+def test_v2_steps_are_recorded_from_vllms_dispatch_and_a_weight_swap_is_caught_at_its_step(attached_v2) -> None:
+    session, runner = attached_v2.session, attached_v2.runner
+    for _ in range(3):
+        v2_step(attached_v2, 8, 8)
+        v2_step(attached_v2, 16, 16)
+    v2_step(attached_v2, 16, 16, need_eager=True)
+    weight = runner.model.layers[1].down.weight
+    weight.data = torch.ones_like(weight)  # a weight sync that swaps the parameter's memory
+    v2_step(attached_v2, 8, 8)
+    runner.input_buffers.positions = torch.zeros_like(runner.input_buffers.positions)  # replaced, not written
+    v2_step(attached_v2, 16, 16)
+    session.close()
+    replays = rows(attached_v2.db, "SELECT captured_size, SUM(replays) FROM replay_totals GROUP BY captured_size")
+    assert dict(replays) == {8: 4, 16: 4}
+    assert rows(attached_v2.db, "SELECT reason, SUM(batches) FROM eager_totals GROUP BY reason") == [("engine_forced", 1)]
+    found = rows(attached_v2.db, "SELECT kind, input_name, captured_size FROM violations ORDER BY id")
+    if attached_v2.checks == "off":
+        assert found == []  # recording only: vLLM's own replay, nothing checked
+    else:
+        assert ("address_drift", "self.layers.1.down.weight", 8) in found
+        assert ("address_drift", "positions", 16) in found

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from capture_core.checks import AddressCheckMode
 from inspector.engines.vllm.session import VllmSession
 from inspector.engines.vllm.twins import PoolMeter
 
@@ -44,6 +45,7 @@ _installed: list[tuple[Any, str, Any]] = []
 _per_step: list[tuple[Any, str, Any, Any]] = []
 """(owner, attribute, original, replacement) of the methods vLLM calls at every step (``pause``)."""
 _session: VllmSession | None = None
+_UNCHECKED = AddressCheckMode.OFF
 
 
 def session() -> VllmSession | None:
@@ -219,9 +221,12 @@ def _hook_v1(current: VllmSession, runner_cls: Any) -> None:
 
 
 def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
+    from vllm.config import CUDAGraphMode as VllmMode
+
     runner_cls = v2.GPUModelRunner
     manager_cls = v2_graphs.ModelCudaGraphManager
     dispatch = v2.dispatch_cg_and_sync_dp
+    eager = VllmMode.NONE
 
     def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -234,10 +239,13 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
         result = dispatch(cudagraph_manager, num_reqs, num_tokens, uniform_token_count, *args, **kwargs)
         if not current.dummy_depth:
             execution = result[0]
-            forced = bool(kwargs.get("need_eager", args[2] if len(args) > 2 else False))
-            decode = uniform_token_count is not None and uniform_token_count == getattr(
-                cudagraph_manager, "decode_query_len", 1)
-            current.step(execution.cg_mode, execution, int(num_tokens), decode, execution=True, forced=forced)
+            mode = execution.cg_mode
+            forced = decode = False
+            if mode is eager:  # why it runs eagerly is worked out for eager steps alone
+                forced = bool(kwargs.get("need_eager", args[2] if len(args) > 2 else False))
+                decode = uniform_token_count is not None and uniform_token_count == getattr(
+                    cudagraph_manager, "decode_query_len", 1)
+            current.step(mode, execution, int(num_tokens), decode, execution=True, forced=forced)
         return result
 
     def make_capture(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -272,10 +280,13 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
 
     def make_run(original: Callable[..., Any]) -> Callable[..., Any]:
         def run_fullgraph(self: Any, desc: Any) -> Any:
-            twin = current.full_twin
-            if twin is None or current.runtime is None:
+            twin, runtime = current.full_twin, current.runtime
+            if twin is None or runtime is None:
                 return original(self, desc)
-            return twin.serve(current.full_context(desc), (), _full_inputs(current.runner))
+            context = current.full_context(desc)
+            if runtime.address_check is _UNCHECKED and twin.lookup(context.descriptor) is not None:
+                return original(self, desc)  # recording only: the step was recorded at its dispatch
+            return twin.serve(context, (), _full_inputs(current.runner))
         return run_fullgraph
 
     _wrap(runner_cls, "__init__", make_init)
@@ -296,8 +307,8 @@ def _full_inputs(runner: Any) -> dict[str, Any]:
     return {
         "input_ids": buffers.input_ids, "positions": buffers.positions,
         "query_start_loc": buffers.query_start_loc, "seq_lens": buffers.seq_lens,
-        "slot_mappings": tables.slot_mappings, "block_tables": list(tables.input_block_tables),
-        "kv_caches": list(getattr(runner, "kv_caches", ())),
+        "slot_mappings": tables.slot_mappings, "block_tables": tables.input_block_tables,
+        "kv_caches": getattr(runner, "kv_caches", ()),
     }
 
 

@@ -67,6 +67,8 @@ tokens/s with the checks on and 0.991 recording only, each on identical work: BE
 run again eagerly and compared), and the first finding raises inside vLLM's forward: for a test run or
 a bisection, not for serving."""
 CHECK_MODES = ("always_on", "off", "debug")
+_MAX_CONTEXTS = 4096
+"""Descriptors and FULL contexts held by identity at most (each map is emptied when full)."""
 
 
 class EngineBackend(GraphBackend):
@@ -119,12 +121,15 @@ class VllmSession:
         self._piece_of: dict[str, tuple[int, int]] = {}
         self._descriptors: dict[Any, BatchDescriptor] = {}
         """vLLM's descriptor (either kind) -> graph-inspector's."""
-        self._last_descriptor: tuple[Any, Any] = (object(), None)
-        """The last vLLM descriptor looked up and its answer (held, so its id cannot be reused)."""
+        self._by_id: dict[int, tuple[Any, BatchDescriptor]] = {}
+        """id(vLLM's descriptor) -> (it, graph-inspector's): held, so an id cannot be reused."""
         self._canonical: dict[BatchDescriptor, BatchDescriptor] = {}
         """One object per key: the twins find their graph by the descriptor's identity first."""
         self._context_key: Any = None
         self._context: ForwardContext | None = None
+        self._full_contexts: dict[tuple[int, int], tuple[Any, ForwardContext]] = {}
+        """(id of a V2 execution descriptor, real tokens) -> (that descriptor, its FULL context): the
+        descriptor held, so its id cannot be reused while the entry lives."""
         self._parameter_names: dict[int, str] = {}
         self.full_twin: CUDAGraphWrapper | None = None
         self.twins: list[CUDAGraphWrapper] = []
@@ -188,18 +193,22 @@ class VllmSession:
 
     def descriptor(self, vllm_descriptor: Any, execution: bool = False) -> BatchDescriptor:
         """graph-inspector's descriptor for one of vLLM's, the same object every time for the same key
-        (so the twins find their graph by identity)."""
-        last = self._last_descriptor
-        if vllm_descriptor is last[0]:  # the step's dispatch, then its forward: one object, one lookup
-            return last[1]
-        found = self._descriptors.get(vllm_descriptor)  # vLLM's frozen dataclasses hash in Python
+        (so the twins find their graph by identity). Looked up by the object's identity first: the
+        step's dispatch and its forward share one object, and the V2 runner hands over the same
+        object for a size every step, while vLLM's frozen dataclasses hash in Python."""
+        seen = self._by_id.get(id(vllm_descriptor))
+        if seen is not None and seen[0] is vllm_descriptor:
+            return seen[1]
+        found = self._descriptors.get(vllm_descriptor)
         if found is None:
             made = descriptor_of_execution(vllm_descriptor) if execution else descriptor_of(vllm_descriptor)
             found = self._canonical.setdefault(made, made)
             self._descriptors[vllm_descriptor] = found
             if execution:
                 self._executions.setdefault(found, vllm_descriptor)
-        self._last_descriptor = (vllm_descriptor, found)
+        if len(self._by_id) >= _MAX_CONTEXTS:  # the V1 runner makes a new object every step
+            self._by_id.clear()
+        self._by_id[id(vllm_descriptor)] = (vllm_descriptor, found)
         return found
 
     def step(self, vllm_mode: Any, vllm_descriptor: Any, num_tokens: int, uniform: bool, *,
@@ -228,10 +237,19 @@ class VllmSession:
         return self._context
 
     def full_context(self, execution: Any) -> ForwardContext:
-        """The context of a V2 FULL replay (the V2 runner replays FULL graphs without vLLM's)."""
+        """The context of a V2 FULL replay (the V2 runner replays FULL graphs without vLLM's), made
+        once per execution descriptor and real token count."""
+        key = (id(execution), self.step_tokens)
+        found = self._full_contexts.get(key)
+        if found is not None and found[0] is execution:
+            return found[1]
         descriptor = self.descriptor(execution, execution=True)
         real = min(self.step_tokens, descriptor.num_tokens) or 1
-        return ForwardContext(CUDAGraphMode.FULL, descriptor, real)
+        context = ForwardContext(CUDAGraphMode.FULL, descriptor, real)
+        if len(self._full_contexts) >= _MAX_CONTEXTS:
+            self._full_contexts.clear()
+        self._full_contexts[key] = (execution, context)
+        return context
 
     # ------------------------------------------------------------------ graphs
 
