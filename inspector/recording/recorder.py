@@ -164,6 +164,18 @@ class Recorder:
         if steps is not None:
             steps.append(cell)
 
+    def replay_cell(self, mode: CUDAGraphMode, descriptor: BatchDescriptor, num_real_tokens: int
+                    ) -> list[int] | None:
+        """The counter ``on_replay`` bumps for these arguments, for a caller that holds it and bumps
+        ``cell[0] += 1`` itself (an engine integration whose step would otherwise pay the lookup every
+        time); None where the order of steps is kept too (a rank of a job): call ``on_replay`` then.
+        A cell lives as long as the recorder."""
+        if self._steps is not None:
+            return None
+        key = (mode._value_, descriptor.num_tokens, descriptor.num_reqs, descriptor.uniform,
+               descriptor.has_lora, descriptor.num_active_loras, num_real_tokens)
+        return self._replays.setdefault(key, [0])
+
     def on_eager(self, reason: EagerReason, num_real_tokens: int, mode: CUDAGraphMode) -> None:
         key = (reason._value_, mode._value_, num_real_tokens)
         try:

@@ -372,11 +372,12 @@ def v2_step(attached_v2: SimpleNamespace, size: int, tokens: int, need_eager: bo
         attached_v2.manager.run_fullgraph(execution)
 
 
-def test_v2_steps_are_recorded_from_vllms_dispatch_and_a_weight_swap_is_caught_at_its_step(attached_v2) -> None:
+def test_v2_steps_are_recorded_from_vllms_dispatch_and_a_weight_swap_is_caught_at_its_step(attached_v2):
     session, runner = attached_v2.session, attached_v2.runner
     for _ in range(3):
-        v2_step(attached_v2, 8, 8)
+        v2_step(attached_v2, 8, 7)  # padded to 8: the second and third are counted by the hook alone
         v2_step(attached_v2, 16, 16)
+    assert sorted(key[1] for key in session.v2_steps) == [7, 16]  # each decision kept, once
     v2_step(attached_v2, 16, 16, need_eager=True)
     weight = runner.model.layers[1].down.weight
     weight.data = torch.ones_like(weight)  # a weight sync that swaps the parameter's memory
@@ -384,9 +385,11 @@ def test_v2_steps_are_recorded_from_vllms_dispatch_and_a_weight_swap_is_caught_a
     runner.input_buffers.positions = torch.zeros_like(runner.input_buffers.positions)  # replaced, not written
     v2_step(attached_v2, 16, 16)
     session.close()
-    replays = rows(attached_v2.db, "SELECT captured_size, SUM(replays) FROM replay_totals GROUP BY captured_size")
-    assert dict(replays) == {8: 4, 16: 4}
-    assert rows(attached_v2.db, "SELECT reason, SUM(batches) FROM eager_totals GROUP BY reason") == [("engine_forced", 1)]
+    replays = rows(attached_v2.db, "SELECT captured_size, SUM(replays), SUM(num_real_tokens) "
+                                   "FROM replay_totals GROUP BY captured_size")
+    assert replays == [(8, 4, 3 * 7 + 8), (16, 4, 4 * 16)]
+    eager = rows(attached_v2.db, "SELECT reason, SUM(batches) FROM eager_totals GROUP BY reason")
+    assert eager == [("engine_forced", 1)]
     found = rows(attached_v2.db, "SELECT kind, input_name, captured_size FROM violations ORDER BY id")
     if attached_v2.checks == "off":
         assert found == []  # recording only: vLLM's own replay, nothing checked

@@ -182,6 +182,28 @@ def test_repeated_violations_bump_one_row(db_url: str) -> None:
     assert rows[0].last_seen_at > rows[0].first_seen_at
 
 
+def test_a_held_replay_cell_counts_what_on_replay_counts(db_url: str) -> None:
+    """An engine integration holds the counter of a replay it sees every step and bumps it itself."""
+    d4 = BatchDescriptor(4, 4, True)
+    with Recorder(db_url, flush_interval=0.05) as recorder:
+        recorder.on_capture(capture(d4))
+        cell = recorder.replay_cell(FULL, BatchDescriptor(4, 4, True), 3)
+        assert cell is not None and recorder.replay_cell(FULL, d4, 3) is cell
+        for step in range(300):
+            if step % 2:
+                cell[0] += 1
+            else:
+                recorder.on_replay(FULL, d4, 3)
+            if step == 150:
+                assert recorder.flush(timeout=10)
+        run_id = recorder.run_id
+    totals = fetch_rows(db_url, select(func.sum(ReplayTotal.replays), func.sum(ReplayTotal.num_real_tokens))
+                        .where(ReplayTotal.run_id == run_id))
+    assert tuple(totals[0]) == (300, 900)
+    with Recorder(db_url, job="a job", rank=0, world_size=2) as ranked:  # the order of steps is kept
+        assert ranked.replay_cell(FULL, d4, 3) is None
+
+
 def test_flush_thread_loses_no_replay_racing_the_engine(sqlite_url: str) -> None:
     descriptor = BatchDescriptor(8, 8, True)
     recorder = Recorder(sqlite_url, flush_interval=0.001).start()

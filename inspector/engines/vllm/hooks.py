@@ -227,6 +227,7 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
     manager_cls = v2_graphs.ModelCudaGraphManager
     dispatch = v2.dispatch_cg_and_sync_dp
     eager = VllmMode.NONE
+    seen = current.v2_steps
 
     def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -239,6 +240,12 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
         result = dispatch(cudagraph_manager, num_reqs, num_tokens, uniform_token_count, *args, **kwargs)
         if not current.dummy_depth:
             execution = result[0]
+            known = seen.get((id(execution), num_tokens))
+            if known is not None and known.execution is execution:  # a replay seen before: count it
+                known.cell[0] += 1
+                current.step_tokens = num_tokens
+                current.last_v2_step = known
+                return result
             mode = execution.cg_mode
             forced = decode = False
             if mode is eager:  # why it runs eagerly is worked out for eager steps alone
@@ -283,7 +290,10 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
             twin, runtime = current.full_twin, current.runtime
             if twin is None or runtime is None:
                 return original(self, desc)
-            context = current.full_context(desc)
+            known = current.last_v2_step
+            context = known.context if known is not None and known.execution is desc else None
+            if context is None:
+                context = current.full_context(desc)
             if runtime.address_check is _UNCHECKED and twin.lookup(context.descriptor) is not None:
                 return original(self, desc)  # recording only: the step was recorded at its dispatch
             return twin.serve(context, (), _full_inputs(current.runner))

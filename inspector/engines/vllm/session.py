@@ -71,6 +71,16 @@ _MAX_CONTEXTS = 4096
 """Descriptors and FULL contexts held by identity at most (each map is emptied when full)."""
 
 
+class V2Step:
+    """One V2 replay decision as recorded: vLLM's execution descriptor (held, so its id is not
+    reused), the recorder's counter it bumps, and the FULL replay's context (None for PIECEWISE)."""
+
+    __slots__ = ("cell", "context", "execution")
+
+    def __init__(self, execution: Any, cell: list[int], context: ForwardContext | None) -> None:
+        self.execution, self.cell, self.context = execution, cell, context
+
+
 class EngineBackend(GraphBackend):
     """The backend of graphs the engine captures itself: real CUDA graphs, never captured here."""
 
@@ -127,6 +137,11 @@ class VllmSession:
         """One object per key: the twins find their graph by the descriptor's identity first."""
         self._context_key: Any = None
         self._context: ForwardContext | None = None
+        self.v2_steps: dict[tuple[int, int], V2Step] = {}
+        """(id of a V2 execution descriptor, the step's tokens) -> the step as recorded: what the V2
+        dispatch hook needs for a decision it saw before (one lookup, one integer bump)."""
+        self.last_v2_step: V2Step | None = None
+        """The current V2 step, when it replays a descriptor seen before (its FULL context ready)."""
         self._full_contexts: dict[tuple[int, int], tuple[Any, ForwardContext]] = {}
         """(id of a V2 execution descriptor, real tokens) -> (that descriptor, its FULL context): the
         descriptor held, so its id cannot be reused while the entry lives."""
@@ -213,18 +228,32 @@ class VllmSession:
 
     def step(self, vllm_mode: Any, vllm_descriptor: Any, num_tokens: int, uniform: bool, *,
              execution: bool = False, forced: bool = False) -> None:
-        """One step's decision: replayed as ``vllm_descriptor`` in ``vllm_mode``, or run eagerly."""
+        """One step's decision: replayed as ``vllm_descriptor`` in ``vllm_mode``, or run eagerly. A V2
+        replay (``execution``) is kept in ``v2_steps``, so the same decision later costs its hook one
+        lookup."""
         recorder = self.recorder
         if recorder is None or self.dummy_depth:
             return
         self.step_tokens = num_tokens
+        self.last_v2_step = None
         mode = mode_of(vllm_mode)
         if mode is CUDAGraphMode.NONE:
             reason, would_be = eager_reason(num_tokens, uniform, self.configured, self.max_capture_size,
                                             forced=forced)
             recorder.on_eager(reason, num_tokens, would_be)
-        else:
-            recorder.on_replay(mode, self.descriptor(vllm_descriptor, execution), num_tokens)
+            return
+        descriptor = self.descriptor(vllm_descriptor, execution)
+        cell = recorder.replay_cell(mode, descriptor, num_tokens) if execution else None
+        if cell is None:
+            recorder.on_replay(mode, descriptor, num_tokens)
+            return
+        cell[0] += 1
+        real = min(num_tokens, descriptor.num_tokens) or 1
+        context = ForwardContext(CUDAGraphMode.FULL, descriptor, real) if mode is CUDAGraphMode.FULL else None
+        if len(self.v2_steps) >= _MAX_CONTEXTS:
+            self.v2_steps.clear()
+        known = V2Step(vllm_descriptor, cell, context)
+        self.last_v2_step = self.v2_steps[id(vllm_descriptor), num_tokens] = known
 
     def context(self, forward_context: Any) -> ForwardContext:
         """capture_core's forward context for vLLM's current one (built once per forward)."""
