@@ -148,7 +148,8 @@ class ReplayChecks:
         offset and device are left to the closer look: with the same address, shape, strides and
         dtype the kernels read exactly what they were recorded for."""
         address, shape, stride, _, dtype, _ = spec.key
-        shaped = f"v.shape == {bind(shape)} and v.stride() == {bind(stride)}"
+        # the layout as literals in the code: no lookup, and constants the code object keeps together
+        shaped = f"v.shape == {tuple(shape)!r} and v.stride() == {tuple(stride)!r}"
         cell = self.layout_versions[index]
         if cell is None:
             own = f"v.data_ptr() == {address} and {shaped}"
