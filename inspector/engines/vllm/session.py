@@ -248,8 +248,7 @@ class VllmSession:
             recorder.on_replay(mode, descriptor, num_tokens)
             return
         cell[0] += 1
-        real = min(num_tokens, descriptor.num_tokens) or 1
-        context = ForwardContext(CUDAGraphMode.FULL, descriptor, real) if mode is CUDAGraphMode.FULL else None
+        context = self.full_context(vllm_descriptor) if mode is CUDAGraphMode.FULL else None
         if len(self.v2_steps) >= _MAX_CONTEXTS:
             self.v2_steps.clear()
         known = V2Step(vllm_descriptor, cell, context)
