@@ -82,8 +82,26 @@ def compare(histogram: Histogram, curve: StepTimes, eager: StepTimes | None, sou
                 "lone_request_over_best": lone / best_lone - 1,
             }
         row["time_saved"] = 1 - row["time"]["modelled_step_seconds"] / row["tokens"]["modelled_step_seconds"]
+        row["same_sizes"] = row["time"]["sizes"] == row["tokens"]["sizes"]
+        row["curve_departure_from_affine"] = affine_departure(curve)
         rows.append(row)
     return rows
+
+
+def affine_departure(curve: StepTimes) -> float:
+    """How far the measured step times are from a straight line in tokens (least squares over the
+    measured sizes): the largest departure over the time at that size. Where it is small, a padding
+    token costs about the same time at every size, so the fewest padding tokens are also about the least
+    time, and both advices may choose the same sizes."""
+    sizes, seconds = curve.sizes, curve.seconds
+    n = len(sizes)
+    if n < 2:
+        return 0.0
+    mean_x, mean_y = sum(sizes) / n, sum(seconds) / n
+    spread = sum((x - mean_x) ** 2 for x in sizes)
+    pairs = list(zip(sizes, seconds, strict=True))
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in pairs) / spread if spread else 0.0
+    return max(abs(y - (mean_y + slope * (x - mean_x))) / y for x, y in pairs)
 
 
 def report(rows: list[dict[str, Any]], histogram: Histogram, title: str) -> list[dict[str, Any]]:
@@ -94,14 +112,19 @@ def report(rows: list[dict[str, Any]], histogram: Histogram, title: str) -> list
     print_table(
         f"{title}: {histogram.total:,} batches of 1..{histogram.largest} tokens, modelled step time summed",
         ("graphs", "tokens: modelled", "time: modelled", "saved", "lone request (tokens)",
-         "lone request (time)", "smallest (tokens, time)"),
+         "lone request (time)", "smallest (tokens, time)", "same sizes"),
         [(r["graphs"], f"{r['tokens']['modelled_step_seconds']:.3f} s",
           f"{r['time']['modelled_step_seconds']:.3f} s",
           f"{100 * r['time_saved']:.2f}%",
           f"{ms(r['tokens']['lone_request_seconds'])} (+{100 * r['tokens']['lone_request_over_best']:.1f}%)",
           f"{ms(r['time']['lone_request_seconds'])} (+{100 * r['time']['lone_request_over_best']:.1f}%)",
-          f"{r['tokens']['sizes'][0]}, {r['time']['sizes'][0]}") for r in rows],
+          f"{r['tokens']['sizes'][0]}, {r['time']['sizes'][0]}", "yes" if r["same_sizes"] else "no")
+         for r in rows],
     )
+    if rows:
+        print(f"the step times depart from a straight line in tokens by at most "
+              f"{100 * rows[0]['curve_departure_from_affine']:.1f}% (the straighter, the more alike both "
+              "advices choose)")
     targets = []
     for r in rows:
         targets.append(target(f"{title}: timed advice's modelled step time over the token advice's at "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from inspector.advice.costs import MIB, CostModel
 from inspector.advice.engines import DecodeTraffic, EngineLists, engine_lists
-from inspector.advice.sizes import Choice, Histogram, Projection, best_choices, project
+from inspector.advice.sizes import Choice, Histogram, Projection, best_choices, project, tokens
 from inspector.advice.weighing import (
     LONE_REQUEST_SLACK,
     LoneRequest,
@@ -31,6 +31,25 @@ CURVE_GRAPHS = 128
 """The waste curve runs over 1..this many graphs (or up to every candidate size, if fewer; or up to
 the advised count, if more): the knee of real traffic comes long before, and each graph count is
 one more layer of the optimiser."""
+
+
+@dataclass(frozen=True)
+class TokenAdvice:
+    """The sizes padding counted in tokens gives for the same graph count and forced sizes, and its
+    modelled step time by the same step times: what weighing by time gained over it."""
+
+    projection: Projection
+    seconds: float | None
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self.projection.capture_sizes
+
+    def saved(self, advised_seconds: float | None) -> float | None:
+        """The share of modelled step time the timed advice saves over this (0.001: 0.1%)."""
+        if advised_seconds is None or not self.seconds:
+            return None
+        return 1 - advised_seconds / self.seconds
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,8 @@ class Advice:
     current_seconds: float | None = None
     advised_seconds: float | None = None
     """The modelled step time of the batches each set replays, summed (weighed by time only)."""
+    by_tokens: TokenAdvice | None = None
+    """Weighed by time: what padding counted in tokens advises for the same count, for comparison."""
     engines: EngineLists | None = None
     """The advised sizes as each engine takes them (decode and prefill lists apart)."""
     gpu_memory_utilization: float | None = None
@@ -132,6 +153,7 @@ def advise(
         graphs, bounded_by = chosen.graphs, f"the memory budget ({memory_budget_bytes / MIB:g} MiB of pool)"
     advised = project(histogram, chosen.sizes)
     timed = weighing.by_time
+    by_tokens = _by_tokens(histogram, top, chosen.graphs, include, weighing) if timed else None
     return Advice(
         histogram=histogram,
         source=source,
@@ -149,11 +171,20 @@ def advise(
                       lone_request(weighing, chosen.sizes, best, within, lone_request_slack, held)),
         current_seconds=modelled_seconds(histogram, current_sizes, weighing) if timed else None,
         advised_seconds=modelled_seconds(histogram, chosen.sizes, weighing) if timed else None,
+        by_tokens=by_tokens,
         engines=engine_lists(chosen.sizes, histogram, decode, chosen.graphs, weighing.cost,
                              within if held else None),
         gpu_memory_utilization=gpu_memory_utilization,
         gpu_memory_bytes=gpu_memory_bytes,
     )
+
+
+def _by_tokens(histogram: Histogram, top: int, graphs: int, include: Sequence[int], weighing: Weighing
+               ) -> TokenAdvice:
+    """The token-counted advice of ``graphs`` sizes (the same forced sizes), timed by ``weighing``."""
+    choices = best_choices(histogram, top, graphs, tokens, forced=include)
+    sizes = choices[min(graphs - choices[0].graphs, len(choices) - 1)].sizes
+    return TokenAdvice(project(histogram, sizes), modelled_seconds(histogram, sizes, weighing))
 
 
 def _graph_count(

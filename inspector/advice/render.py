@@ -41,6 +41,7 @@ def as_dict(advice: Advice) -> dict[str, Any]:
         "current_recorded": advice.current_recorded,
         "modelled_step_seconds": None if advice.advised_seconds is None else {
             "current": advice.current_seconds, "advised": advice.advised_seconds},
+        "by_tokens": None if advice.by_tokens is None else _by_tokens(advice),
         "lone_request": None if advice.lone_request is None else _lone_request(advice),
         "current": _projection(advice.current, advice),
         "advised": _projection(advice.advised, advice),
@@ -77,6 +78,30 @@ def memory(advice: Advice) -> dict[str, Any] | None:
 
 def _lists(advice: Advice) -> EngineLists:
     return advice.engines or EngineLists(advice.sizes, advice.sizes, None)
+
+
+def _by_tokens(advice: Advice) -> dict[str, Any]:
+    alternative = advice.by_tokens
+    assert alternative is not None
+    return {"capture_sizes": list(alternative.sizes), "same_sizes": alternative.sizes == advice.sizes,
+            "modelled_step_seconds": alternative.seconds,
+            "padding_waste": alternative.projection.traffic.padding_waste,
+            "time_saved": alternative.saved(advice.advised_seconds)}
+
+
+def by_tokens_line(advice: Advice) -> str | None:
+    """What padding counted in tokens would have advised, and what weighing by time saved over it."""
+    alternative = advice.by_tokens
+    if alternative is None:
+        return None
+    saved = alternative.saved(advice.advised_seconds)
+    if alternative.sizes == advice.sizes:
+        return ("the same sizes: on this traffic the fewest padding tokens are also the least modelled step "
+                "time")
+    sizes = ", ".join(map(str, alternative.sizes))
+    timed = "" if saved is None else f"; weighing by time saves {100 * saved:.2f}% of its modelled step time"
+    seconds = "" if alternative.seconds is None else f": {alternative.seconds:,.3f} s modelled"
+    return f"{sizes}{seconds}, padding waste {_percent(alternative.projection.traffic.padding_waste)}{timed}"
 
 
 def _lone_request(advice: Advice) -> dict[str, Any]:
@@ -137,6 +162,9 @@ def render_text(advice: Advice) -> str:
     curve = ", ".join(f"{len(p.capture_sizes)}: {_percent(p.traffic.padding_waste)}" for p in points)
     lines.append(f"  waste by graphs  {curve}")
     lines.append(f"  weighed by       {advice.weighing.says}")
+    tokens_line = by_tokens_line(advice)
+    if tokens_line is not None:
+        lines.append(f"  by tokens alone  {tokens_line}")
     if advice.included:
         lines.append(f"  included         {', '.join(map(str, advice.included))} (--include)")
     if advice.lone_request is not None:

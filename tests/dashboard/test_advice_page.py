@@ -43,6 +43,11 @@ def test_the_json_twin_is_the_advice_the_command_gives(client: FlaskClient, db_u
     weighed = advice["weighed_by"]
     assert advice["weighed_by_step_time"] and weighed.startswith("padding weighed by the recorded")
     assert advice["modelled_step_seconds"]["advised"] <= advice["modelled_step_seconds"]["current"]
+    tokens = advice["by_tokens"]  # and what counting tokens would have advised, timed alike
+    assert tokens["modelled_step_seconds"] >= advice["modelled_step_seconds"]["advised"]
+    assert tokens["same_sizes"] == (tokens["capture_sizes"] == advice["advised"]["capture_sizes"])
+    page = client.get(f"/advice?run={seeded['cuda_run']}").get_data(as_text=True)
+    assert 'id="advice-by-tokens"' in page and "padding counted in tokens" in page
     graphs = [p["graphs"] for p in advice["curve"]]
     assert graphs == list(range(graphs[0], graphs[0] + len(graphs)))
     assert advice["config"]["vllm"] == config_lines(

@@ -119,6 +119,25 @@ def test_padding_weighed_by_step_time_moves_sizes_to_where_padding_is_dear(tmp_p
     assert by_time.advised_seconds < modelled_seconds(histogram, by_tokens.sizes, weighing)
 
 
+def test_where_step_time_is_affine_in_tokens_timed_advice_is_the_token_advice_and_says_so(tmp_path: Path
+                                                                                          ) -> None:
+    # a + b * n: every padding token costs the same time, so the fewest tokens are the least time.
+    (tmp_path / "steps.csv").write_text("size,seconds\n1,0.0040\n256,0.0295\n")
+    weighing = Weighing.from_csv(StepTimes.read(tmp_path / "steps.csv"), "steps.csv")
+    histogram = Histogram.from_counts({3: 100, 60: 20, 130: 30, 250: 10, 256: 5})
+    by_tokens = advise(histogram, [256], source="t", max_graphs=3, lone_request_slack=1.0)
+    by_time = advise(histogram, [256], source="t", max_graphs=3, weighing=weighing, lone_request_slack=1.0)
+    assert by_time.sizes == by_tokens.sizes == (3, 130, 256) and by_tokens.by_tokens is None
+    alternative = by_time.by_tokens
+    assert alternative is not None and alternative.sizes == by_time.sizes
+    assert alternative.seconds == by_time.advised_seconds and alternative.saved(by_time.advised_seconds) == 0
+    assert "by tokens alone  the same sizes: on this traffic the fewest padding tokens are also the least " \
+        "modelled step time" in render_text(by_time)
+    assert as_dict(by_time)["by_tokens"] == {
+        "capture_sizes": [3, 130, 256], "same_sizes": True, "modelled_step_seconds": by_time.advised_seconds,
+        "padding_waste": by_time.advised.traffic.padding_waste, "time_saved": 0.0}
+
+
 def test_step_times_files_are_checked(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text("size,seconds\n4,fast\n")

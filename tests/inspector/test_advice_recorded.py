@@ -152,6 +152,14 @@ def test_padding_is_weighed_by_the_step_times_the_runs_recorded_and_sizes_can_be
     steps = timed["modelled_step_seconds"]
     assert steps["advised"] == pytest.approx(110 * 0.001 + 40 * 0.002 + 40 * 0.003)  # 12: halfway
     assert steps["current"] == pytest.approx(110 * 0.001 + 80 * 0.003)
+    # Beside it, what counting tokens would have advised, timed the same way: what weighing by time saved.
+    tokens = timed["by_tokens"]
+    assert tokens["capture_sizes"] == [3, 12, 16] and not tokens["same_sizes"]
+    assert tokens["modelled_step_seconds"] == pytest.approx(100 * 0.001 + 50 * 0.002 + 40 * 0.003)
+    assert tokens["time_saved"] == pytest.approx(1 - 0.31 / 0.32)
+    assert tokens["padding_waste"] < timed["advised"]["traffic"]["padding_waste"], "fewer tokens, more time"
+    assert "by tokens alone  3, 12, 16: 0.320 s modelled, padding waste 2.6%; weighing by time saves 3.12%" \
+        in cli("--db", db_url, "--max-graphs", "3").stdout
     forced = cli("--db", db_url, "--max-graphs", "3", "--include", "3", "--format", "json")
     forced = json.loads(forced.stdout)
     assert forced["advised"]["capture_sizes"] == [3, 12, 16] and forced["included"] == [3]
@@ -167,7 +175,7 @@ def test_padding_is_weighed_by_the_step_times_the_runs_recorded_and_sizes_can_be
 def test_without_recorded_step_times_padding_is_counted_in_tokens_and_it_says_so(two_ranks) -> None:
     url, _, _ = two_ranks
     data = json.loads(cli("--db", url, "--format", "json").stdout)
-    assert not data["weighed_by_step_time"] and data["lone_request"] is None
+    assert not data["weighed_by_step_time"] and data["lone_request"] is None and data["by_tokens"] is None
     assert data["weighed_by"].startswith("padding counted in tokens: no replay was timed in these runs")
 
 
