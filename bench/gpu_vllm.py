@@ -26,7 +26,11 @@ so a level's cost is seen on identical work), then each runner serving the trace
 debug mode (every check on every replay, the canary's eager run too). The ``debug`` plan: those two,
 and a V2 and a V1 process timing the integration's own host work per step at each level from inside
 (``vllm_serve.py --time-integration``). The ``probe`` plan: the V2 one of those alone; the
-``faults`` plan: each runner serving with the planted faults.
+``faults`` plan: each runner serving with the planted faults. The ``long`` plan: one V2 process serving
+``LONG_WAVES`` cycles of shorter waves at ``on`` and ``off`` alone (the figure the issue asks for, as
+closely as one process can place it), and the timed V2 process of ``probe`` (what the integration's
+own clock predicts it to be). The ``large`` plan: both on Llama 3 8B's shape (``LARGE``), where a step
+is the GPU's work rather than the host's.
 
 All of a plan's processes share one compile cache (``SHARED_CACHE``; not yet run on the H200).
 Every process builds and waits on the cores from 4 up and serves alone on cores 0-3 (``SERVE_CPUS``),
@@ -72,6 +76,11 @@ WAVES = 12
 """Cycles of the ``waves`` plan's processes (``vllm_serve.py --waves``: one trace window per cycle, served
 once at each of ``WAVE_LEVELS``)."""
 WAVE_LEVELS = "on,off,recording"
+LONG_WAVES = 60
+"""Cycles of the ``long`` plan's process: on and off alone, on waves of half the arrival steps, so that
+its median lands about twice as close as run 10's 48 cycles of three levels did (+-1.3%)."""
+LARGE = ["--model", "llama-8b", "--kv-cache-gib", "8"]
+"""The ``large`` plan's model: Llama 3 8B's shape, random weights (what vLLM users serve on one GPU)."""
 DEBUG_STEPS = 1500
 """Steps of the trace the ``waves`` plan serves with the checks in debug mode (each runner)."""
 SERVE_CPUS = "0-3"
@@ -118,6 +127,16 @@ def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
              for runner in (2, 1)]
     if name == "probe":  # where an attached V2 step's host time goes, alone on the machine
         return timed[:1]
+    if name == "long":  # on against off on many identical waves, and the integration's own clock
+        return [{"tag": "v2-long-waves", "group": 0, "serve": 30, "db": True, "serve_s": 420,
+                 "args": ["--runner", "v2", "--waves", str(LONG_WAVES), "--wave-steps", "100", "--levels",
+                          "on,off", "--warmup-steps", "400", *KV]}, dict(timed[0], group=1)]
+    if name == "large":  # the same on Llama 3 8B's shape: the waves, then the clock
+        waves = ["--runner", "v2", "--levels", WAVE_LEVELS, "--warmup-steps", "400", *LARGE]
+        return [{"tag": "v2-8b-waves", "group": 0, "serve": 30, "db": True, "serve_s": 420,
+                 "args": [*waves, "--waves", str(WAVES)]},
+                {"tag": "v2-8b-timed", "group": 1, "serve": 31, "db": True, "serve_s": 240,
+                 "args": [*waves, "--waves", "3", "--time-integration"]}]
     if name == "debug":  # the checks in debug mode, and where an attached step's host time goes
         debug = [{"tag": f"v{runner}-debug", "group": 1, "serve": 30 + runner, "db": True,
                   "args": ["--steps", str(DEBUG_STEPS), "--runner", f"v{runner}", "--checks", "debug", *KV]}
@@ -254,7 +273,7 @@ def run(name: str, steps: int, work: Path, out: Path, extra: list[str], deadline
                     runner.say(f"advised {sizes}: building v2-advised")
                 except Exception as exc:  # the rest of the plan still runs
                     summary["advice_error"] = repr(exc)
-            runner.serve(spec["tag"], 150)
+            runner.serve(spec["tag"], spec.get("serve_s", 150))
         if "v2-advised" in runner.procs:
             runner.wait(["v2-advised"], "ready", 300)
             runner.serve("v2-advised", 150)
@@ -292,6 +311,9 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {"within_process": within} if alternating else {}
     if waved:
         summary["waves"] = waves_summary(waved)
+    timed = {r["tag"]: clock_estimate(r) for r in waved if r.get("integration_clock")}
+    if timed:
+        summary["clock_estimate"] = timed
     if v2:
         summary["tokens_identical"] = len({r.get("tokens_sha256") for r in v2}) == 1
     on = [r for r in pairs if r.get("integration")]
@@ -329,6 +351,22 @@ def waves_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def clock_estimate(result: dict[str, Any]) -> dict[str, Any]:
+    """What the integration's own clock predicts a level's tokens/s against ``off``'s to be: a step at
+    ``off`` (the waves' seconds over their steps; nothing of the integration, nor of the clock, runs
+    there) against the same step with the integration's microseconds a step added. A figure of the
+    integration's time alone, free of what makes waves of identical work differ in time."""
+    off = [w for w in result["waves"]["waves"] if w["level"] == "off"]
+    step_us = 1e6 * sum(w["seconds"] for w in off) / max(sum(w["steps"] for w in off), 1)
+    estimate: dict[str, Any] = {"off_step_us": round(step_us, 1)}
+    for level, figures in result["integration_clock"].items():
+        if isinstance(figures, dict) and "integration_us_per_step" in figures:
+            added = figures["integration_us_per_step"]
+            ratio = round(step_us / (step_us + added), 4)
+            estimate[level] = {"integration_us_per_step": added, "ratio": ratio}
+    return estimate
+
+
 def median_interval(values: list[float], resamples: int = 10_000, seed: int = 0) -> list[float] | None:
     """A 95% bootstrap interval of the median of ``values`` (cycles resampled with replacement, a
     fixed seed so the same results give the same interval): how far the median could be from what
@@ -351,7 +389,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", default="full",
                         choices=("full", "checks", "compare", "final", "alternate", "levels", "waves",
-                                 "debug", "probe", "faults"))
+                                 "debug", "probe", "faults", "long", "large"))
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--pairs", type=int, default=3, help="off/on pairs of V2 processes compared")
     parser.add_argument("--deadline-s", type=float, default=540.0, help="the whole plan's bound")
@@ -369,8 +407,8 @@ def main() -> int:
     for r in summary["processes"]:
         print(f"| {r.get('tag')} | {r.get('runner')} | {r.get('integration')} | {r.get('init_s')} | "
               f"{r.get('steps')} | {r.get('tok_per_s')} | {len(r.get('violations') or [])} | {stopped(r)} |")
-    for key in ("within_process", "waves", "tok_per_s", "init_s", "tokens_identical", "advised_sizes",
-                "advice_error", "error"):
+    for key in ("within_process", "waves", "clock_estimate", "tok_per_s", "init_s", "tokens_identical",
+                "advised_sizes", "advice_error", "error"):
         if key in summary:
             print(key, summary[key])
     return 0

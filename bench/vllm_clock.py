@@ -1,11 +1,13 @@
 """``bench/vllm_serve.py --time-integration``: the vLLM integration's own host time inside a real engine.
 
 A level's cost seen from outside (its tokens/s against ``off``'s) says how much, not where. This
-clock says where, from inside: the nanoseconds spent in the twins' ``serve`` (the hook's lookup, the
-replay guard, the closer look when it runs, the observer) less the time inside vLLM's own replay
-that ``serve`` calls, and in the session's per-step record, each summed per level. Its own cost is
-four ``perf_counter_ns`` calls per graph call; it is for a process of its own, not for one whose
-tokens/s are compared.
+clock says where, from inside: the nanoseconds spent in each method of vLLM's the integration hooks
+per step (the runner's decision, the graph calls) less the time inside vLLM's own method and replay
+there, summed per level, which is all the integration does on the serving thread; and within that,
+the twins' ``serve`` (lookup, replay guard, closer looks), each guard and the record of decisions not
+seen before. Divided by a step's time at ``off`` it predicts the level's tokens/s against ``off``'s
+(``gpu_vllm.py`` prints it beside the waves). Its own cost is a few ``perf_counter_ns`` calls per
+hooked call; it is for a process of its own, not for one whose tokens/s are compared.
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ from typing import Any
 
 
 class IntegrationClock:
-    """Patches capture_core's ``CUDAGraphWrapper.serve``, the vLLM twins' ``EngineGraph.run`` and the
-    session's ``step`` with timed versions; ``level`` says whose time it is."""
+    """Times the integration from inside: each of vLLM's per-step methods the hooks replace
+    (``hooks._per_step``: the runner's decision, the wrapper's ``__call__``, V2's ``run_fullgraph``)
+    less the time inside vLLM's own method and replay, which is the whole of the integration's work
+    on the serving thread; and within it, capture_core's ``CUDAGraphWrapper.serve`` (the twins'
+    lookup, replay guard and closer looks), each graph's guard, the closer looks and the session's
+    ``step`` (the record of a decision not seen before). ``level`` says whose time it is."""
 
     def __init__(self, session: Any) -> None:
         from capture_core.wrapper import CUDAGraphWrapper
+        from inspector.engines.vllm import hooks
         from inspector.engines.vllm.twins import EngineGraph
 
         self.level = "on"
@@ -28,17 +35,26 @@ class IntegrationClock:
         self.own: collections.Counter = collections.Counter()
         self.calls: collections.Counter = collections.Counter()
         self.steps: collections.Counter = collections.Counter()
-        inner = [0]
+        self.inner = [0]
+        """Nanoseconds inside vLLM's own methods and replays, summed (what the hooks' times leave out)."""
+        self._undo: list[tuple[Any, str, Any]] = []
         clock = time.perf_counter_ns
         serve, run, step = CUDAGraphWrapper.serve, EngineGraph.run, session.step
         look = CUDAGraphWrapper._replay_checked
+        self._hooks = list(hooks._per_step)
+        self._cells: list[tuple[Any, Any]] = []
+        for index, (owner, name, original, replacement) in enumerate(self._hooks):
+            timed = self._timed_hook(name, replacement, original)
+            hooks._per_step[index] = (owner, name, original, timed)  # what resume() puts back
+            if owner.__dict__.get(name) is replacement:  # not paused now
+                setattr(owner, name, timed)
 
         def timed_serve(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
-            began, inside = clock(), inner[0]
+            began, inside = clock(), self.inner[0]
             try:
                 return serve(wrapper, *args, **kwargs)
             finally:
-                self.own[self.level, "serve"] += clock() - began - (inner[0] - inside)
+                self.own[self.level, "serve"] += clock() - began - (self.inner[0] - inside)
                 self.calls[self.level, "serve"] += 1
 
         def timed_run(graph: Any, *args: Any, **kwargs: Any) -> Any:
@@ -46,14 +62,14 @@ class IntegrationClock:
             try:
                 return run(graph, *args, **kwargs)
             finally:
-                inner[0] += clock() - began
+                self.inner[0] += clock() - began
 
         def timed_look(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
-            began, inside = clock(), inner[0]
+            began, inside = clock(), self.inner[0]
             try:
                 return look(wrapper, *args, **kwargs)
             finally:
-                self.own[self.level, "look"] += clock() - began - (inner[0] - inside)
+                self.own[self.level, "look"] += clock() - began - (self.inner[0] - inside)
                 self.calls[self.level, "look"] += 1
 
         def timed_step(*args: Any, **kwargs: Any) -> None:
@@ -62,10 +78,10 @@ class IntegrationClock:
                 step(*args, **kwargs)
             finally:
                 self.own[self.level, "step"] += clock() - began
-                self.steps[self.level] += 1
+                self.calls[self.level, "step"] += 1
 
-        self._undo = [(CUDAGraphWrapper, "serve", serve), (EngineGraph, "run", run),
-                      (CUDAGraphWrapper, "_replay_checked", look)]
+        self._undo += [(CUDAGraphWrapper, "serve", serve), (EngineGraph, "run", run),
+                       (CUDAGraphWrapper, "_replay_checked", look)]
         CUDAGraphWrapper.serve, EngineGraph.run = timed_serve, timed_run
         CUDAGraphWrapper._replay_checked = timed_look
         self.guards: dict[str, Any] = {}
@@ -77,15 +93,49 @@ class IntegrationClock:
                 entry.guard = self._timed_guard(twin.name, entry)
         self.probes = {"outside a step": host_probe(session)}
 
+    def _timed_hook(self, name: str, replacement: Any, original: Any) -> Any:
+        """``replacement`` (a hook) timed less the time in ``original`` (vLLM's method, called from the
+        hook's closure, which is pointed at a timed copy) and in vLLM's replays; a decision hook's calls
+        outside dummy runs are the level's steps."""
+        clock = time.perf_counter_ns
+        function = getattr(replacement, "__func__", replacement)
+        inner, session = self.inner, self.session
+        decides = name in DECISIONS
+
+        def timed_original(*args: Any, **kwargs: Any) -> Any:
+            began = clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inner[0] += clock() - began
+
+        for cell in function.__closure__ or ():
+            if cell.cell_contents is original:
+                self._cells.append((cell, original))
+                cell.cell_contents = timed_original
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            began, inside, dummy = clock(), inner[0], session.dummy_depth
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.own[self.level, name] += clock() - began - (inner[0] - inside)
+                self.calls[self.level, name] += 1
+                if decides and not dummy:
+                    self.steps[self.level] += 1
+        return timed
+
     def _timed_guard(self, name: str, entry: Any) -> Any:
         clock = time.perf_counter_ns
         guard = entry.guard
 
         def timed(args: Any, kwargs: Any, real: int) -> bool:
-            if "inside a step" not in self.probes:
-                self.probes["inside a step"] = host_probe(self.session)
-            if name not in self.guards:
+            if name not in self.guards:  # once per twin: probes, left out of every time around them
+                probed = clock()
+                if "inside a step" not in self.probes:
+                    self.probes["inside a step"] = host_probe(self.session)
                 self.guards[name] = guard_alone(entry.checks, args, kwargs, real)
+                self.inner[0] += clock() - probed
             began = clock()
             try:
                 return guard(args, kwargs, real)
@@ -94,27 +144,49 @@ class IntegrationClock:
         return timed
 
     def close(self) -> None:
+        from inspector.engines.vllm import hooks
+
         for owner, name, original in self._undo:
             setattr(owner, name, original)
         for entry, guard in self._guards:
             entry.guard = guard
+        for cell, original in self._cells:
+            cell.cell_contents = original
+        for index, (owner, name, original, replacement) in enumerate(self._hooks):
+            timed = hooks._per_step[index][3]
+            hooks._per_step[index] = (owner, name, original, replacement)
+            if owner.__dict__.get(name) is timed:
+                setattr(owner, name, replacement)
+        self.session.__dict__.pop("step", None)
+
+    def _level(self, level: str, steps: int, hooked: list[str]) -> dict[str, Any]:
+        def per_step(*what: str) -> float:
+            return round(sum(self.own[level, w] for w in what) / steps / 1e3, 2)
+        return {"steps": steps, "integration_us_per_step": per_step(*hooked),
+                "hooks_us_per_step": {name: per_step(name) for name in hooked if self.calls[level, name]},
+                "serve_us_per_step": per_step("serve"), "guard_us_per_step": per_step("guard"),
+                "closer_look_us_per_step": per_step("look"), "closer_looks": self.calls[level, "look"],
+                "new_decision_records": self.calls[level, "step"],
+                "step_record_us_per_step": per_step("step"),
+                "graph_calls_per_step": round(self.calls[level, "serve"] / steps, 3)}
 
     def result(self) -> dict[str, Any]:
-        """Per level: microseconds a step in the twins' serve (vLLM's replay excluded) and in the step
-        record, the graph calls a step, over the steps the integration recorded at that level."""
+        """Per level: microseconds a step in the integration in all (``integration_us_per_step``: every
+        per-step hook less vLLM's own methods and replays inside it) and in its parts (each hook; the
+        twins' serve, the guard and the closer looks within them; the record of new decisions), the
+        graph calls a step, over the steps the decision hook saw at that level."""
         out: dict[str, Any] = {}
+        hooked = sorted({name for _, name, _, _ in self._hooks})
         for level, steps in self.steps.items():
             if steps:
-                out[level] = {"steps": steps,
-                              "serve_us_per_step": round(self.own[level, "serve"] / steps / 1e3, 2),
-                              "step_record_us_per_step": round(self.own[level, "step"] / steps / 1e3, 2),
-                              "guard_us_per_step": round(self.own[level, "guard"] / steps / 1e3, 2),
-                              "closer_look_us_per_step": round(self.own[level, "look"] / steps / 1e3, 2),
-                              "closer_looks": self.calls[level, "look"],
-                              "graph_calls_per_step": round(self.calls[level, "serve"] / steps, 3)}
+                out[level] = self._level(level, steps, hooked)
         out["probes"] = self.probes
         out["guards"] = self.guards
         return out
+
+
+DECISIONS = ("dispatch_cg_and_sync_dp", "_determine_batch_execution_and_padding")
+"""The per-step hooks that see each step's decision once (V2, V1): their calls count the steps."""
 
 
 def guard_alone(checks: Any, args: Any, kwargs: Any, real: int, repeats: int = 50) -> dict[str, Any]:

@@ -61,6 +61,15 @@ TINY_LLAMA = {
     "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
     "bos_token_id": 1, "eos_token_id": 2, "dtype": "bfloat16", "torch_dtype": "bfloat16",
 }
+MODELS = {
+    "tiny": TINY_LLAMA,
+    # Llama 3 8B's shape (what vLLM users serve on one GPU): 8.0B parameters, 16 GB of bf16 weights a
+    # step reads, 32 layers (so 33 pieces a PIECEWISE step), grouped-query attention.
+    "llama-8b": {**TINY_LLAMA, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+                 "max_position_embeddings": 8192, "rope_theta": 500000.0},
+}
+"""The random-weight models ``--model`` serves (a config each; vLLM makes dummy weights of its shape)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--db", default="", help="database URL: the integration is on (GRAPH_INSPECTOR_VLLM); "
                    "empty: off")
     p.add_argument("--runner", choices=("v1", "v2"), default="v2", help="vLLM's model runner (default V2)")
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny",
+                   help="the random-weight Llama served: tiny (hidden 512, 4 layers: the host-bound worst "
+                   "case, default) or llama-8b (Llama 3 8B's shape; give it --kv-cache-gib)")
     p.add_argument("--multiproc", action="store_true", help="the engine core in its own process (vllm serve)")
     p.add_argument("--steps", type=int, default=3000, help="engine steps of arrivals (then drain)")
     p.add_argument("--requests-per-step", type=float, default=0.8, help="arrivals per step at full speed")
@@ -444,7 +456,7 @@ FAULT_ORDER = ("weight_data_swap", "weight_parameter_reassigned", "input_buffer_
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result: dict[str, Any] = {"tag": args.tag, "argv": sys.argv, "integration": bool(args.db),
-                              "runner": args.runner, "multiproc": args.multiproc}
+                              "runner": args.runner, "model": args.model, "multiproc": args.multiproc}
     out = Path(args.out)
 
     def dump() -> None:
@@ -473,8 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         result["vllm"] = vllm.__version__
         result["torch"] = torch.__version__
         result["import_s"] = round(time.perf_counter() - t0, 2)
-        model_dir = tempfile.mkdtemp(prefix="tinyllama_")
-        Path(model_dir, "config.json").write_text(json.dumps(TINY_LLAMA))
+        model_dir = tempfile.mkdtemp(prefix=f"{args.model}_")
+        Path(model_dir, "config.json").write_text(json.dumps(MODELS[args.model]))
         requests = trace_requests(args)
         result["requests"] = len(requests)
         wait_for(args.init_gate)

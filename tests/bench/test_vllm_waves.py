@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from bench.vllm_waves import Waves, windows
 
 
@@ -150,6 +152,15 @@ def test_the_waves_plan_and_its_summary(monkeypatch) -> None:
     assert set(summary["per_process"]) == {"a", "b"}
     low, high = summary["median_95_interval"]["on"]
     assert low <= summary["median_over_every_cycle"]["on"]["wall"] <= high < 1.0
+    # A process that timed the integration from inside: its clock's prediction, from off's step time.
+    runs[0]["integration_clock"] = {"on": {"steps": 40, "integration_us_per_step": 50.0}, "probes": {},
+                                    "guards": {}}
+    off = [w for w in runs[0]["waves"]["waves"] if w["level"] == "off"]
+    step_us = 1e6 * sum(w["seconds"] for w in off) / sum(w["steps"] for w in off)
+    estimate = gpu_vllm.compare(runs)["clock_estimate"]
+    assert set(estimate) == {"a"} and estimate["a"]["off_step_us"] == pytest.approx(step_us, abs=0.1)
+    assert estimate["a"]["on"] == {"integration_us_per_step": 50.0,
+                                   "ratio": round(step_us / (step_us + 50.0), 4)}
 
 
 def test_the_interval_of_a_median_narrows_with_more_cycles_and_is_the_same_for_the_same_values(
@@ -174,3 +185,26 @@ def test_the_warm_up_serves_every_request_to_the_end_on_the_arrival_clock() -> N
     got = serve(engine, requests, "w", lambda **params: SimpleNamespace(**params))
     assert got["requests"] == 3 and not engine.running
     assert got["steps"] == 13  # the arrival clock: the idle stretch skipped, not stepped through
+
+
+def test_the_long_and_large_plans_build_one_process_first_and_serve_on_against_off(monkeypatch) -> None:
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    sys.modules.pop("gpu_vllm", None)
+    import gpu_vllm
+
+    from bench.vllm_serve import MODELS, parse_args
+
+    for name, tags in (("long", ["v2-timed", "v2-long-waves"]), ("large", ["v2-8b-waves", "v2-8b-timed"])):
+        specs = gpu_vllm.plan(name, 3000)
+        assert [s["tag"] for s in sorted(specs, key=lambda s: s["serve"])] == tags
+        assert sorted(s["group"] for s in specs) == [0, 1], "one builds alone, the other loads its kernels"
+        assert sum("--time-integration" in s["args"] for s in specs) == 1
+        for spec in specs:  # every process's options parse as vllm_serve.py's
+            args = parse_args(["--tag", spec["tag"], "--out", "x.json", *spec["args"]])
+            assert args.model == ("llama-8b" if name == "large" else "tiny") and args.waves > 0
+    long = gpu_vllm.plan("long", 3000)[0]
+    assert long["args"][long["args"].index("--levels") + 1] == "on,off" and long["serve_s"] > 150
+    assert MODELS["llama-8b"]["num_hidden_layers"] == 32 and MODELS["tiny"]["hidden_size"] == 512

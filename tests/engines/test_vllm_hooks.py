@@ -304,40 +304,6 @@ def test_the_canary_leaves_out_what_a_piece_only_allocates(attached_in_debug_mod
     assert wrapper.runnable.runs == 1 + 2 * 30  # the capture, then every replay and its eager run
 
 
-def test_the_integration_clock_times_the_twins_own_work_per_step_and_the_looks_are_counted(attached) -> None:
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
-
-    from bench.vllm_clock import IntegrationClock
-
-    session, model = attached.session, attached.model
-    wrappers, x = pieces(), torch.ones(8, 4)
-    forward(wrappers, x, model.proj.weight, 4)
-    session.capture_finished()
-    clock = IntegrationClock(session)
-    try:
-        for _ in range(20):
-            session.step(CUDAGraphMode.PIECEWISE, BatchDescriptor(num_tokens=4), 4, False)
-            forward(wrappers, x, model.proj.weight, 4)
-    finally:
-        clock.close()
-    result = clock.result()
-    got = result["on"]
-    assert got["steps"] == 20 and got["graph_calls_per_step"] == PIECES
-    assert got["serve_us_per_step"] > 0 and got["step_record_us_per_step"] > 0
-    assert 0 < got["guard_us_per_step"] < got["serve_us_per_step"]
-    probes = result["probes"]
-    assert set(probes) == {"outside a step", "inside a step"}
-    assert probes["inside a step"]["weights"] == len(list(model.parameters()))
-    assert probes["inside a step"]["torch_function_mode"] is False
-    assert all(entry.guard is entry.checks.clean for twin in session.twins for entry in twin.graphs.values())
-    alone = result["guards"][session.twins[0].name]
-    assert alone["passed"] is True and alone["us"] > 0 and "def clean" in alone["source"]
-    looks = session.looks()
-    assert [(t["graphs"], t["replays"]) for t in looks] == [(1, 20)] * PIECES
-    assert all(t["looks"] == 1 for t in looks)  # the first replay is sampled; the guard passed the rest
-
-
 @pytest.fixture(params=["always_on", "off"])
 def attached_v2(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A stand-in V2 runner (``bench.vllm_host_cost.v2_runner``: vLLM's own ``ModelCudaGraphManager``
@@ -396,3 +362,52 @@ def test_v2_steps_are_recorded_from_vllms_dispatch_and_a_weight_swap_is_caught_a
     else:
         assert ("address_drift", "self.layers.1.down.weight", 8) in found
         assert ("address_drift", "positions", 16) in found
+
+
+def test_the_integration_clock_times_every_hook_less_vllms_own_work_per_step(attached_v2) -> None:
+    """``bench/vllm_clock.py`` inside vLLM's own V2 dispatch and FULL replay: every step counted once
+    (those the dispatch hook counts alone too), the integration's time split as it is spent, the levels
+    kept apart (paused: nothing timed), and every method put back as it was."""
+    from vllm.v1.worker.gpu import model_runner
+
+    from bench.vllm_clock import IntegrationClock
+    from inspector.engines.vllm import hooks
+
+    session, manager = attached_v2.session, attached_v2.manager
+    v2_step(attached_v2, 8, 8)
+    installed = (model_runner.dispatch_cg_and_sync_dp, type(manager).run_fullgraph)
+    clock = IntegrationClock(session)
+    try:
+        for _ in range(10):
+            v2_step(attached_v2, 8, 7)
+            v2_step(attached_v2, 16, 16)
+        clock.level = "off"
+        with hooks.paused():
+            for _ in range(5):
+                v2_step(attached_v2, 8, 7)
+        clock.level = "on"
+        v2_step(attached_v2, 16, 16, need_eager=True)
+    finally:
+        clock.close()
+    result = clock.result()
+    got = result["on"]
+    assert set(result) == {"on", "probes", "guards"}, "paused, the hooks are vLLM's own: nothing timed"
+    assert got["steps"] == 21 and got["new_decision_records"] == 3  # 7, 16 and the eager step
+    parts = got["hooks_us_per_step"]
+    assert set(parts) == {"dispatch_cg_and_sync_dp", "run_fullgraph"}
+    assert got["integration_us_per_step"] == pytest.approx(sum(parts.values()), abs=0.02)
+    assert all(value > 0 for value in parts.values())
+    if attached_v2.checks == "off":  # recording only: the replay goes straight on to vLLM's
+        assert got["serve_us_per_step"] == got["guard_us_per_step"] == 0
+    else:
+        assert 0 < got["guard_us_per_step"] < got["serve_us_per_step"] < parts["run_fullgraph"] + 0.01
+        assert got["graph_calls_per_step"] == pytest.approx(20 / 21, abs=1e-3)
+        alone = result["guards"][session.full_twin.name]
+        assert alone["passed"] is True and alone["us"] > 0 and "def clean" in alone["source"]
+        weights = list(attached_v2.runner.model.parameters())
+        assert result["probes"]["inside a step"]["weights"] == len(weights)
+        assert all(entry.guard is entry.checks.clean for entry in session.full_twin.graphs.values())
+    assert (model_runner.dispatch_cg_and_sync_dp, type(manager).run_fullgraph) == installed
+    assert "step" not in session.__dict__
+    v2_step(attached_v2, 8, 7)  # the hooks work on as before, untimed
+    assert clock.result()["on"]["steps"] == 21
