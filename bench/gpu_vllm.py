@@ -76,10 +76,13 @@ WAVES = 12
 """Cycles of the ``waves`` plan's processes (``vllm_serve.py --waves``: one trace window per cycle, served
 once at each of ``WAVE_LEVELS``)."""
 WAVE_LEVELS = "on,off,recording"
-LONG_WAVES = 60
-"""Cycles of the ``long`` plan's process: on and off alone, on waves of half the arrival steps, so that
-its median lands about twice as close as run 10's 48 cycles of three levels did (+-1.3%)."""
-LARGE = ["--model", "llama-8b", "--kv-cache-gib", "8"]
+LONG_WAVES = 150
+"""Cycles of the ``long`` plan's process: on and off alone, on waves of a quarter of the arrival steps
+(``LONG_WAVE_STEPS``), so that each cycle's two waves run within about a second of each other (what
+slows one wave of identical work against another came in bursts longer than that in runs 10 and 15)
+and three times run 10's 48 cycles place the median."""
+LONG_WAVE_STEPS = 50
+LARGE = ["--model", "llama-8b", "--kv-cache-gib", "8", "--gpu-memory-utilization", "0.3"]
 """The ``large`` plan's model: Llama 3 8B's shape, random weights (what vLLM users serve on one GPU)."""
 DEBUG_STEPS = 1500
 """Steps of the trace the ``waves`` plan serves with the checks in debug mode (each runner)."""
@@ -129,8 +132,8 @@ def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
         return timed[:1]
     if name == "long":  # on against off on many identical waves, and the integration's own clock
         return [{"tag": "v2-long-waves", "group": 0, "serve": 30, "db": True, "serve_s": 420,
-                 "args": ["--runner", "v2", "--waves", str(LONG_WAVES), "--wave-steps", "100", "--levels",
-                          "on,off", "--warmup-steps", "400", *KV]}, dict(timed[0], group=1)]
+                 "args": ["--runner", "v2", "--waves", str(LONG_WAVES), "--wave-steps", str(LONG_WAVE_STEPS),
+                          "--levels", "on,off", "--warmup-steps", "400", *KV]}, dict(timed[0], group=1)]
     if name == "large":  # the same on Llama 3 8B's shape: the waves, then the clock
         waves = ["--runner", "v2", "--levels", WAVE_LEVELS, "--warmup-steps", "400", *LARGE]
         return [{"tag": "v2-8b-waves", "group": 0, "serve": 30, "db": True, "serve_s": 420,
