@@ -7,7 +7,9 @@ are sampled (``canary.Sampling``). ``ReplayChecks`` holds them for one graph and
 ``args[0] is <captured tensor> and args[3][2][0] is <captured tensor> and ...`` (with each captured
 object's address, and its shape and strides when its version counter moved), the module
 registration count and the parameter swap count (``capture_core.swaps``) against the ones last
-checked, the address of each buffer (and of a parameter whose swaps are not counted), each
+checked, the address of each buffer (and of a parameter whose swaps are not counted; a parameter
+handed in as an input, as torch.compile's pieces take their weights, is held to its captured address
+by the swap count too: its identity and the count say it has not moved), each
 per-step input's version counter against its last replay's, whether this step's padding rows held
 real tokens at their last replay (the newest row-status entry: same size, and at least as many real
 tokens), and a countdown to the next sampled replay. Identity tests and integer compares: the
@@ -38,7 +40,7 @@ from capture_core.checks import Finding
 from capture_core.inputs import InputLayout, TensorInput, version_of
 from capture_core.stale import PerStepInputs
 from capture_core.state import REGISTRATIONS, ModuleState
-from capture_core.swaps import DATA_SWAPS
+from capture_core.swaps import DATA_SWAPS, counted, watch_data_swaps
 
 _NEVER = 1 << 62
 """A countdown that never runs out (no replay after this one is sampled)."""
@@ -82,6 +84,14 @@ class ReplayChecks:
         for index, spec in enumerate(layout.inputs):
             version = version_of(spec.tensor)
             self.layout_versions[index] = None if version is None or id(spec) in written else [version]
+        if any(isinstance(spec.tensor, torch.nn.Parameter) for spec in layout.inputs):
+            watch_data_swaps()  # weights handed in as inputs: their swaps counted from here on
+        self.counted_inputs = {index for index, spec in enumerate(layout.inputs)
+                               if counted(spec.tensor) and self.layout_versions[index] is not None}
+        """The inputs that are parameters whose memory swaps are counted (``capture_core.swaps``): the
+        guard takes the captured one's address on the count's word instead of reading it."""
+        self.input_swaps_at = [DATA_SWAPS[0]]
+        """The parameter swap count when the inputs were last found as captured (by a closer look)."""
         self.countdown = [0]
         """Replays until the next sampled one (1: the next); the guard counts it down."""
         self._done = 0
@@ -132,8 +142,10 @@ class ReplayChecks:
     def _input_changes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Finding]:
         """The inputs not as captured, the very objects captured re-read too; the counters of those
         still as captured are noted as checked."""
-        inputs = self.layout.inputs
+        inputs, swaps = self.layout.inputs, DATA_SWAPS[0]
         found = self.layout.find_changes(args, kwargs, deep=True)
+        if not found:
+            self.input_swaps_at[0] = swaps
         wrong = {f.name for f in found}
         for index, cell in self.layout_versions.items():
             if cell is not None and inputs[index].name not in wrong:
@@ -155,8 +167,9 @@ class ReplayChecks:
             own = f"v.data_ptr() == {address} and {shaped}"
         else:
             seen = bind(cell)
-            own = (f"v.data_ptr() == {address} and ((n := v._version) == {seen}[0] or {shaped} and "
-                   f"not {seen}.__setitem__(0, n))")
+            # a counted parameter's memory moves only where the swap count (compared once) sees it
+            at = "" if index in self.counted_inputs else f"v.data_ptr() == {address} and "
+            own = f"{at}((n := v._version) == {seen}[0] or {shaped} and not {seen}.__setitem__(0, n))"
         fresh = f"v.data_ptr() == {address} and {shaped} and v.dtype is {bind(dtype)}"
         captured = bind(spec.tensor)
         return f"((v := {spec.access()}) is {captured} and {own} or v is not {captured} and {fresh})"
@@ -174,6 +187,8 @@ class ReplayChecks:
         if self.check_inputs or (self.baked is not None and self.baked.has_call):
             same.append(f"len(args) == {self.layout.arity[0]} and len(kwargs) == {self.layout.arity[1]}")
         if self.check_inputs:
+            if self.counted_inputs:
+                same.append(f"{bind(DATA_SWAPS)}[0] == {bind(self.input_swaps_at)}[0]")
             same += [self._same(index, spec, bind) for index, spec in enumerate(self.layout.inputs)]
         if self.state is not None:
             same.append(f"{bind(REGISTRATIONS)}[0] == {bind(self.state.checked_at)}[0]")

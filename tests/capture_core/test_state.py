@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -178,6 +180,57 @@ def test_the_guard_reads_no_counted_weight_and_a_swap_under_a_hooked_subclass_is
     replay(wrapper, x)
     (event,) = observer.violations
     assert (event.kind, event.input_name) == (ViolationKind.ADDRESS_DRIFT, "self.layers.1.lin.weight")
+
+
+def piece(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A compiled piece as torch.compile's piecewise backend calls it: its weights handed in as inputs."""
+    return x @ weight
+
+
+@pytest.mark.parametrize("kind", [nn.Parameter, HookedParameter])
+@pytest.mark.parametrize("swap", [
+    lambda p: setattr(p, "data", torch.randn(4, 4)),
+    lambda p: p.set_(torch.randn(4, 4)),
+    lambda p: torch.utils.swap_tensors(p, nn.Parameter(torch.randn(4, 4), requires_grad=False)),
+])
+def test_a_weight_handed_in_as_an_input_is_held_by_the_swap_count_and_its_swap_caught(kind, swap, observer):
+    """A piece's weights are inputs: the guard takes their addresses on the swap count's word (one
+    compare for all), reads none of them, and still finds a swap at the next replay, and each replay
+    after while it lasts; a swap of some other parameter costs one closer look and no violation."""
+    runtime = GraphRuntime("eager", observer=observer, progress=False, sampling=NO_SAMPLES)
+    wrapper = CUDAGraphWrapper(piece, runtime, name="piece")
+    weight = HookedParameter(torch.randn(4, 4)) if kind is HookedParameter else nn.Parameter(
+        torch.randn(4, 4), requires_grad=False)
+    x = torch.ones(2, 4)
+    with runtime.capture_phase(), set_forward_context(FULL, DESC):
+        wrapper(x, weight)
+    checks = next(iter(wrapper.graphs.values())).checks
+    assert checks.counted_inputs == {1}
+    # the captured weight itself: its identity and its counter, no address read (a fresh tensor in its
+    # place is still read at the captured address)
+    assert re.search(r"\(v := args\[1\]\) is _\d+ and \(\(n := v\._version\)", checks.guard_source)
+    assert re.search(r"\(v := args\[0\]\) is _\d+ and v\.data_ptr\(\) == ", checks.guard_source)
+    HookedParameter.calls = 0
+    assert checks.clean((x, weight), {}, 2) and HookedParameter.calls == 0
+
+    def replays(count: int) -> None:
+        for _ in range(count):
+            with set_forward_context(FULL, DESC):
+                wrapper(x, weight)
+
+    replays(3)
+    assert observer.violations == [] and checks.looks == 0
+    other = nn.Parameter(torch.randn(4, 4), requires_grad=False)
+    other.data = torch.zeros(4, 4)  # a swap elsewhere: one closer look, then the guard again
+    replays(3)
+    assert observer.violations == [] and checks.looks == 1
+    with torch.no_grad():
+        swap(weight)
+    replays(1)
+    (event,) = observer.violations
+    assert (event.kind, event.input_name) == (ViolationKind.ADDRESS_DRIFT, "weight")
+    replays(1)  # still wrong, so still reported
+    assert len(observer.violations) == 2
 
 
 def test_a_parameter_class_that_may_bypass_the_count_keeps_its_address_in_the_guard(observer) -> None:
