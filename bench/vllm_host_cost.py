@@ -161,12 +161,14 @@ def v2_runner(layers: int, width: int) -> tuple[SimpleNamespace, Any, dict[int, 
     model.embed = torch.nn.Module()
     model.embed.weight = weight(64, width)
     model.layers = torch.nn.ModuleList()
+    rotary = torch.nn.Module()  # one for every layer, as vLLM's get_rope hands out (its _ROPE_DICT)
+    rotary.register_buffer("cos_sin_cache", torch.zeros(max(SIZES), width))
     for _ in range(layers):
         layer = torch.nn.Module()
         for name in ("qkv", "o", "gate_up", "down", "input_norm", "post_norm"):
             setattr(layer, name, torch.nn.Module())
             getattr(layer, name).weight = weight(width, width)
-        layer.register_buffer("cos_sin_cache", torch.zeros(max(SIZES), width))
+        layer.rotary_emb = rotary
         model.layers.append(layer)
     model.norm = torch.nn.Module()
     model.norm.weight = weight(width)

@@ -1,10 +1,11 @@
 """How the advice weighs padding: by step time where it is known, else by tokens, and saying which.
 
 A padding token costs what a step at the padded size costs more than a step at the real size. Where
-runs recorded step times (``capture_core.step_time``: sampled replays timed per captured size), the
-step cost of a size is the mean replay time there, interpolated between the recorded sizes
-(``costs.StepTimes``); a CSV of measured times (``--step-times``) stands in for them; with neither,
-padding is counted in tokens, and the advice says so.
+runs recorded step times of real graphs (``capture_core.step_time``: sampled replays timed per
+captured size with CUDA events), the step cost of a size is the mean replay time there, interpolated
+between the recorded sizes (``costs.StepTimes``); a CSV of measured times (``--step-times``) stands in
+for them; with neither (the eager backend's host-clock times are of the model re-run, not of a
+graph), padding is counted in tokens, and the advice says so.
 
 With step times the advice also keeps a lone request fast: the best step a batch of one token can
 have is a graph of size 1 (the cost curve's value at 1); the smallest advised size is held to one
@@ -20,6 +21,9 @@ from dataclasses import dataclass
 from inspector.advice.costs import StepTimes
 from inspector.advice.sizes import Histogram, StepCost, tokens
 
+CUDA_EVENTS = "cuda_events"
+"""The clock of a real graph's timed replays (``capture_core.step_time.CUDA_EVENTS``, named here so
+that reading a database needs no torch)."""
 LONE_REQUEST_SLACK = 0.05
 """A lone request's step may be this much slower than its best possible step (5%)."""
 
@@ -62,20 +66,24 @@ class RecordedStepTime:
 
 
 def recorded_weighing(points: Sequence[RecordedStepTime], clocks: Sequence[str]) -> Weighing:
-    """Padding weighed by the recorded replay times (pooled: the mean over every timed replay at a
-    size), or by tokens when no replay was timed, saying so."""
+    """Padding weighed by the recorded replay times of real graphs (pooled: the mean over every timed
+    replay at a size; ``points`` hold the CUDA-event times alone where there are any), or by tokens,
+    saying why: no replay was timed, or only the eager backend's, whose "replay" re-runs the model on
+    the host clock (no graph's time, and padding advice is for graphs)."""
     graph = [(p.size, p.graph_seconds / p.graph_samples) for p in points if p.graph_samples]
     if not graph:
         return Weighing.by_tokens("no replay was timed in these runs (step timing needs the checks on, and "
                                   "samples replays; or feed on_step_time)")
+    if CUDA_EVENTS not in clocks:
+        return Weighing.by_tokens("the only step times recorded are the eager backend's (its replays re-run "
+                                  "the model on the host clock: no graph was timed)")
     samples = sum(p.graph_samples for p in points)
-    clock = "/".join(sorted(set(clocks))) or "unknown clock"
     eager = tuple((p.size, p.eager_seconds / p.eager_samples) for p in points if p.eager_samples)
     eager_curve = StepTimes.of(eager) if eager else None
     says = (f"padding weighed by the recorded step times: graph replays timed at {len(graph)} sizes "
-            f"({samples:,} timed replays, {clock}), interpolated between them")
-    if "host_clock" in clocks:
-        says += "; host_clock times are of the model re-run on the eager backend, not of a graph"
+            f"({samples:,} timed replays, {CUDA_EVENTS}), interpolated between them")
+    if len(set(clocks)) > 1:
+        says += "; the eager backend's host-clock times left out (of the model re-run, not of a graph)"
     return Weighing(StepTimes.of(graph), says, by_time=True, eager_seconds=eager, eager=eager_curve)
 
 

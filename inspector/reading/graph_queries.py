@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from inspector.advice.costs import RecordedGraph
+from inspector.advice.weighing import CUDA_EVENTS
 from inspector.reading import fields
 from inspector.reading.divergences import with_divergences
 from inspector.reading.graph_worth import graph_worth
@@ -89,16 +90,19 @@ class GraphQueries(RunQueries):
     ) -> tuple[list[tuple[int, float, int, float, int]], list[str]]:
         """Per size, the runs' (every run when None) timed steps summed: (size, graph seconds, graph
         samples, eager seconds, eager samples), by captured size (an eager fallback's: its real
-        tokens); and the clocks that timed them."""
+        tokens); and the clocks that timed them. Where some were timed by CUDA events, those alone
+        are summed (the eager backend's host-clock times are of the model re-run, not of a graph)."""
         t = StepTime
         scope = [] if run_ids is None else [t.run_id.in_(run_ids)]
         with self._session() as session:
+            clocks = sorted(session.scalars(select(t.clock).where(*scope).distinct()))
+            if CUDA_EVENTS in clocks:
+                scope.append(t.clock == CUDA_EVENTS)
             rows = session.execute(
                 select(t.captured_size, func.sum(t.graph_seconds), integer_sum(t.graph_samples),
                        func.sum(t.eager_seconds), integer_sum(t.eager_samples))
                 .where(*scope).group_by(t.captured_size).order_by(t.captured_size)
             ).all()
-            clocks = sorted(session.scalars(select(t.clock).where(*scope).distinct()))
         return [(int(size), float(gs or 0), int(gn or 0), float(es or 0), int(en or 0))
                 for size, gs, gn, es, en in rows], clocks
 

@@ -131,15 +131,21 @@ def test_a_long_histogram_shows_the_optimiser_s_progress(sqlite_url: str) -> Non
     assert "graph-inspector advise: 8 capture sizes for 3,000 batches of 1..3000 tokens" in result.stdout
 
 
+def two_sizes_of_traffic(recorder: Recorder) -> None:
+    """Graphs of 8 and 16 tokens captured; 190 batches replayed: 100 of 3 tokens and 10 of 8 on the
+    first, 40 of 12 and 40 of 16 on the second."""
+    for size in (8, 16):
+        recorder.on_capture(capture(BatchDescriptor(size, size, True)))
+    for real, batches in {3: 100, 8: 10, 12: 40, 16: 40}.items():
+        bucket = BatchDescriptor(8 if real <= 8 else 16, 8 if real <= 8 else 16, True)
+        for _ in range(batches):
+            recorder.on_replay(FULL, bucket, real)
+
+
 def test_padding_is_weighed_by_the_step_times_the_runs_recorded_and_sizes_can_be_forced_in(db_url) -> None:
     # Launch-bound up to 8 tokens (one time), compute-bound above: 3-token batches pad to 8 for free.
     with Recorder(db_url, label="timed") as recorder:
-        for size in (8, 16):
-            recorder.on_capture(capture(BatchDescriptor(size, size, True)))
-        for real, batches in {3: 100, 8: 10, 12: 40, 16: 40}.items():
-            bucket = BatchDescriptor(8 if real <= 8 else 16, 8 if real <= 8 else 16, True)
-            for _ in range(batches):
-                recorder.on_replay(FULL, bucket, real)
+        two_sizes_of_traffic(recorder)
         recorder.on_step_time(FULL, BatchDescriptor(8, 8, True), 0.001, 0.004, samples=2)
         recorder.on_step_time(FULL, BatchDescriptor(16, 16, True), 0.003, 0.006, samples=2)
         recorder.on_step_time(FULL, BatchDescriptor(4, 4, True), 0.001, None)  # timed, never captured here
@@ -170,6 +176,39 @@ def test_padding_is_weighed_by_the_step_times_the_runs_recorded_and_sizes_can_be
     assert too_big.returncode == 2
     assert "--include 40 is above the largest size advised (16)" in too_big.stderr
     assert "'x' is not a size" in cli("--db", db_url, "--include", "3,x").stderr
+
+
+def test_the_eager_backends_host_clock_times_weigh_no_advice_and_are_left_out_beside_real_ones(db_url):
+    """The eager backend's "replays" re-run the model on the host clock: no graph's time. Alone they
+    weigh nothing (padding counted in tokens, saying why, so the demo's advice is the same in the
+    console, the command and the page); beside CUDA-event times of real graphs they are left out."""
+    from capture_core.step_time import CUDA_EVENTS, HOST_CLOCK
+    from inspector.advice import weighing
+
+    assert weighing.CUDA_EVENTS == CUDA_EVENTS  # named there so that reading needs no torch
+    with Recorder(db_url, label="eager") as recorder:
+        two_sizes_of_traffic(recorder)
+        recorder.on_step_time(FULL, BatchDescriptor(8, 8, True), 0.001, 0.004, samples=2, clock=HOST_CLOCK)
+        recorder.on_step_time(FULL, BatchDescriptor(16, 16, True), 0.003, 0.006, samples=2, clock=HOST_CLOCK)
+    alone = json.loads(cli("--db", db_url, "--max-graphs", "3", "--format", "json").stdout)
+    assert not alone["weighed_by_step_time"] and alone["by_tokens"] is None
+    assert alone["weighed_by"] == (
+        "padding counted in tokens: the only step times recorded are the eager backend's (its replays re-run "
+        "the model on the host clock: no graph was timed)")
+    assert alone["advised"]["capture_sizes"] == [3, 12, 16]  # fewest padding tokens
+    with Recorder(db_url, label="cuda") as recorder:  # a real graph's times beside them
+        recorder.on_capture(capture(BatchDescriptor(16, 16, True)))
+        recorder.on_step_time(FULL, BatchDescriptor(8, 8, True), 0.002, None, samples=4)
+        recorder.on_step_time(FULL, BatchDescriptor(16, 16, True), 0.002, None, samples=4)
+    pooled = json.loads(cli("--db", db_url, "--max-graphs", "3", "--format", "json").stdout)
+    assert pooled["weighed_by_step_time"]
+    assert pooled["weighed_by"].startswith("padding weighed by the recorded step times: graph replays timed "
+                                           "at 2 sizes (8 timed replays, cuda_events)")
+    assert pooled["weighed_by"].endswith(
+        "the eager backend's host-clock times left out (of the model re-run, not of a graph)")
+    # The CUDA curve alone, flat at 2 ms a step (the host-clock 1 and 3 ms would bend it): every batch
+    # costs 2 ms at any size.
+    assert pooled["modelled_step_seconds"]["advised"] == pytest.approx(190 * 0.002)
 
 
 def test_without_recorded_step_times_padding_is_counted_in_tokens_and_it_says_so(two_ranks) -> None:
