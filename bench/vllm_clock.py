@@ -38,7 +38,6 @@ class IntegrationClock:
         self.inner = [0]
         """Nanoseconds inside vLLM's own methods and replays, summed (what the hooks' times leave out)."""
         self._undo: list[tuple[Any, str, Any]] = []
-        clock = time.perf_counter_ns
         serve, run, step = CUDAGraphWrapper.serve, EngineGraph.run, session.step
         look = CUDAGraphWrapper._replay_checked
         self._hooks = list(hooks._per_step)
@@ -48,82 +47,57 @@ class IntegrationClock:
             hooks._per_step[index] = (owner, name, original, timed)  # what resume() puts back
             if owner.__dict__.get(name) is replacement:  # not paused now
                 setattr(owner, name, timed)
-
-        def timed_serve(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
-            began, inside = clock(), self.inner[0]
-            try:
-                return serve(wrapper, *args, **kwargs)
-            finally:
-                self.own[self.level, "serve"] += clock() - began - (self.inner[0] - inside)
-                self.calls[self.level, "serve"] += 1
-
-        def timed_run(graph: Any, *args: Any, **kwargs: Any) -> Any:
-            began = clock()
-            try:
-                return run(graph, *args, **kwargs)
-            finally:
-                self.inner[0] += clock() - began
-
-        def timed_look(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
-            began, inside = clock(), self.inner[0]
-            try:
-                return look(wrapper, *args, **kwargs)
-            finally:
-                self.own[self.level, "look"] += clock() - began - (self.inner[0] - inside)
-                self.calls[self.level, "look"] += 1
-
-        def timed_step(*args: Any, **kwargs: Any) -> None:
-            began = clock()
-            try:
-                step(*args, **kwargs)
-            finally:
-                self.own[self.level, "step"] += clock() - began
-                self.calls[self.level, "step"] += 1
-
         self._undo += [(CUDAGraphWrapper, "serve", serve), (EngineGraph, "run", run),
                        (CUDAGraphWrapper, "_replay_checked", look)]
-        CUDAGraphWrapper.serve, EngineGraph.run = timed_serve, timed_run
-        CUDAGraphWrapper._replay_checked = timed_look
+        CUDAGraphWrapper.serve, EngineGraph.run = self._own("serve", serve), self._inside(run)
+        CUDAGraphWrapper._replay_checked = self._own("look", look)
         self.guards: dict[str, Any] = {}
         """Per twin, its first guarded graph: the guard's source and its time alone, inside a step."""
-        session.step = timed_step
+        session.step = self._own("step", step)
         self._guards = [(entry, entry.guard) for twin in session.twins for entry in twin.graphs.values()]
         for twin in session.twins:  # every graph is held by now (the clock starts after capture)
             for entry in twin.graphs.values():
                 entry.guard = self._timed_guard(twin.name, entry)
         self.probes = {"outside a step": host_probe(session)}
 
-    def _timed_hook(self, name: str, replacement: Any, original: Any) -> Any:
-        """``replacement`` (a hook) timed less the time in ``original`` (vLLM's method, called from the
-        hook's closure, which is pointed at a timed copy) and in vLLM's replays; a decision hook's calls
-        outside dummy runs are the level's steps."""
-        clock = time.perf_counter_ns
-        function = getattr(replacement, "__func__", replacement)
-        inner, session = self.inner, self.session
-        decides = name in DECISIONS
+    def _inside(self, function: Any) -> Any:
+        """``function`` (vLLM's own work) timed into ``inner``: what the times around it leave out."""
+        clock, inner = time.perf_counter_ns, self.inner
 
-        def timed_original(*args: Any, **kwargs: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
             began = clock()
             try:
-                return original(*args, **kwargs)
+                return function(*args, **kwargs)
             finally:
                 inner[0] += clock() - began
+        return timed
 
-        for cell in function.__closure__ or ():
-            if cell.cell_contents is original:
-                self._cells.append((cell, original))
-                cell.cell_contents = timed_original
+    def _own(self, what: str, function: Any, decides: bool = False) -> Any:
+        """``function`` timed as ``what`` at the current level, less the time inside vLLM's own work
+        within it, its calls counted; ``decides``: its calls outside dummy runs are the level's steps."""
+        clock, inner, session = time.perf_counter_ns, self.inner, self.session
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             began, inside, dummy = clock(), inner[0], session.dummy_depth
             try:
                 return function(*args, **kwargs)
             finally:
-                self.own[self.level, name] += clock() - began - (inner[0] - inside)
-                self.calls[self.level, name] += 1
+                self.own[self.level, what] += clock() - began - (inner[0] - inside)
+                self.calls[self.level, what] += 1
                 if decides and not dummy:
                     self.steps[self.level] += 1
         return timed
+
+    def _timed_hook(self, name: str, replacement: Any, original: Any) -> Any:
+        """``replacement`` (a hook) timed less the time in ``original`` (vLLM's method, called from the
+        hook's closure, which is pointed at a timed copy) and in vLLM's replays; a decision hook's calls
+        outside dummy runs are the level's steps."""
+        function = getattr(replacement, "__func__", replacement)
+        for cell in function.__closure__ or ():
+            if cell.cell_contents is original:
+                self._cells.append((cell, original))
+                cell.cell_contents = self._inside(original)
+        return self._own(name, function, decides=name in DECISIONS)
 
     def _timed_guard(self, name: str, entry: Any) -> Any:
         clock = time.perf_counter_ns
