@@ -130,14 +130,15 @@ def _change(before: float, after: float) -> str:
 def render_text(advice: Advice) -> str:
     """The advice for a terminal: the sizes, current against advised, the curve, the lines to paste."""
     h, now, new = advice.histogram, advice.current.traffic, advice.advised.traffic
+    current = f"current ({len(advice.current.capture_sizes)} sizes{_recorded(advice)})"
+    width = max(26, len(current) + 2)  # the current column, never run into the advised one
     lines = [
         f"graph-inspector advise: {advice.graphs} capture sizes for {h.total:,} batches of "
         f"{h.sizes[0]}..{h.largest} tokens ({len(h):,} distinct sizes) from {advice.source}",
         f"  advised sizes    {', '.join(map(str, advice.sizes))}",
         f"  graph count      {advice.graphs}, set by {advice.bounded_by}; every batch up to "
         f"{advice.max_size} tokens replays",
-        f"  {'':<17}{f'current ({len(advice.current.capture_sizes)} sizes{_recorded(advice)})':<26}"
-        f"advised ({advice.graphs} sizes)",
+        f"  {'':<17}{current:<{width}}advised ({advice.graphs} sizes)",
     ]
     rows = [
         ("padding waste", _percent(now.padding_waste), _percent(new.padding_waste)),
@@ -157,7 +158,7 @@ def render_text(advice: Advice) -> str:
                      f"{costs.capture_seconds(advised):.2f} s"))
         rows.append(("pool memory", f"{costs.pool_bytes(current) / 2**20:.1f} MiB",
                      f"{costs.pool_bytes(advised) / 2**20:.1f} MiB"))
-    lines += [f"  {name:<17}{old:<26}{advised}" for name, old, advised in rows]
+    lines += [f"  {name:<17}{old:<{width}}{advised}" for name, old, advised in rows]
     points = [p for p in advice.curve if len(p.capture_sizes) in CURVE_POINTS or p is advice.curve[-1]]
     curve = ", ".join(f"{len(p.capture_sizes)}: {_percent(p.traffic.padding_waste)}" for p in points)
     lines.append(f"  waste by graphs  {curve}")
