@@ -348,6 +348,12 @@ def _create_engine(url: URL, shown: str, busy_timeout_ms: int) -> Engine:
         raise DatabaseError(f"malformed database URL {shown}: {error}") from None
     if engine.dialect.name == "sqlite":
         _tune_sqlite(engine, busy_timeout_ms)
+        # Many rows in one INSERT ... VALUES (...), (...) per batch (SQLAlchemy's "insertmanyvalues",
+        # which its PostgreSQL psycopg2 dialect does by default) instead of an executemany: Python's
+        # sqlite3 runs an executemany a row at a time, letting go of the GIL and taking it back for
+        # each row, so a flush of a few hundred rows handed the GIL to and from the engine's serving
+        # thread a few hundred times (bench/window_cost.py).
+        engine.dialect.use_insertmanyvalues_wo_returning = engine.dialect.supports_multivalues_insert
     return engine
 
 
