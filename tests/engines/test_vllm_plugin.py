@@ -9,6 +9,7 @@ is importable.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import subprocess
 import sys
@@ -160,6 +161,58 @@ def test_an_unknown_checks_value_is_said_and_the_checks_stay_on(monkeypatch: pyt
     with caplog.at_level(logging.WARNING, logger="graph_inspector.vllm"):
         assert _checks() == "always_on"
     assert "GRAPH_INSPECTOR_CHECKS='sometimes' is none of always_on, off, debug" in caplog.text
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 7.0), ("", 7.0), ("2.5", 2.5), (" 30 ", 30.0)])
+def test_the_replay_window_is_vllms_stats_interval_unless_set(value, expected,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from inspector.engines.vllm import session
+
+    monkeypatch.setattr(session, "_vllm_stats_interval", lambda: 7.0)
+    if value is None:
+        monkeypatch.delenv(session.WINDOW_ENV, raising=False)
+    else:
+        monkeypatch.setenv(session.WINDOW_ENV, value)
+    assert session._window() == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf", "31"])
+def test_a_replay_window_that_is_no_positive_number_is_said_and_the_default_kept(
+        value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from inspector.engines.vllm import session
+
+    monkeypatch.setattr(session, "_vllm_stats_interval", lambda: 7.0)
+    monkeypatch.setenv(session.WINDOW_ENV, value)
+    logger = logging.getLogger("graph_inspector.vllm")
+    monkeypatch.setattr(logger, "propagate", True)
+    with caplog.at_level(logging.WARNING, logger="graph_inspector.vllm"):
+        assert session._window() == 7.0
+    assert f"GRAPH_INSPECTOR_WINDOW={value!r} is not a number of seconds in (0, 30]" in caplog.text
+
+
+def test_the_replay_window_never_outlasts_what_the_dashboard_calls_live(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run is live while it wrote within ``LIVE_AFTER_S``: a window of half that at most, whatever
+    vLLM's stats interval."""
+    from inspector.engines.vllm import session
+    from inspector.reading.metrics import LIVE_AFTER_S
+
+    assert session.MAX_WINDOW_S <= LIVE_AFTER_S / 2
+    monkeypatch.delenv(session.WINDOW_ENV, raising=False)
+    monkeypatch.setattr(session, "_vllm_stats_interval", lambda: 600.0)
+    assert session._window() == session.MAX_WINDOW_S
+
+
+def test_vllms_stats_interval_is_read_as_vllm_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inspector.engines.vllm import session
+
+    if importlib.util.find_spec("vllm") is None:  # CPU CI: no vLLM, vLLM's own default
+        assert session._vllm_stats_interval() == session.VLLM_STATS_INTERVAL == 10.0
+        return
+    monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "3")
+    assert session._vllm_stats_interval() == 3.0
+    monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "0")  # vLLM's own reading: not positive, 10 s
+    assert session._vllm_stats_interval() == 10.0
 
 
 def piece_graph(returns_tuple: bool = True):

@@ -11,7 +11,8 @@ does nothing while ``GRAPH_INSPECTOR_VLLM`` is unset. With it set, it checks vLL
 vLLM 0.25.x; any other release is refused in one line that names ``graph-inspector watch`` instead),
 installs the hooks (``hooks``) and the process that builds a model runner records (``session``).
 ``GRAPH_INSPECTOR_CHECKS=off`` records without checking vLLM's replays, ``=debug`` checks everything on
-every replay and raises at the first finding (a test run); ``hooks.pause()`` and
+every replay and raises at the first finding (a test run); ``GRAPH_INSPECTOR_WINDOW=<seconds>`` sets how
+often the recorder writes (default vLLM's stats interval, 10 s; at most 30 s); ``hooks.pause()`` and
 ``hooks.resume()`` take the integration out of an in-process engine and put it back between steps.
 """
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -67,6 +68,17 @@ tokens/s with the checks on and 0.991 recording only, each on identical work: BE
 run again eagerly and compared), and the first finding raises inside vLLM's forward: for a test run or
 a bisection, not for serving."""
 CHECK_MODES = ("always_on", "off", "debug")
+WINDOW_ENV = "GRAPH_INSPECTOR_WINDOW"
+"""Seconds of one replay window: how often the recorder writes what vLLM's graphs did. By default vLLM's
+own stats interval (``VLLM_LOG_STATS_INTERVAL``, 10 s unless set: how often vLLM logs its
+``--cudagraph-metrics`` table). Each write holds the GIL beside vLLM's serving thread: on the trace's
+traffic the recorder's thread took 0.9% of every second at 1 s windows and 0.13% at 10 s, on a CPU VM
+(BENCHMARKS.md, "The ninth session"). At most ``MAX_WINDOW_S``."""
+VLLM_STATS_INTERVAL = 10.0
+"""vLLM's default ``VLLM_LOG_STATS_INTERVAL``, seconds."""
+MAX_WINDOW_S = 30.0
+"""The longest replay window: a run is shown live while it wrote within the last minute
+(``inspector.reading.metrics.LIVE_AFTER_S``), so a longer one would show a serving vLLM as stale."""
 _MAX_CONTEXTS = 4096
 """Descriptors and FULL contexts held by identity at most (each map is emptied when full)."""
 
@@ -178,7 +190,7 @@ class VllmSession:
             self._phase = self.runtime.capture_phase()
             self._phase.__enter__()
             recorder = Recorder(
-                self.url, label=f"vLLM {version} ({kind} model runner)",
+                self.url, label=f"vLLM {version} ({kind} model runner)", flush_interval=_window(),
                 config=config_of(config, kind, version),
                 rank=int(getattr(parallel, "rank", 0) or 0),
                 world_size=int(getattr(parallel, "world_size", 1) or 1),
@@ -381,6 +393,34 @@ def _checks() -> str:
                     ", ".join(CHECK_MODES))
         return "always_on"
     return value
+
+
+def _window() -> float:
+    """The replay window ``GRAPH_INSPECTOR_WINDOW`` asks for, else vLLM's stats interval, at most
+    ``MAX_WINDOW_S``; a value that is no number of seconds in (0, 30] is said, and the default kept."""
+    default = min(_vllm_stats_interval(), MAX_WINDOW_S)
+    value = os.environ.get(WINDOW_ENV, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_WINDOW_S:  # nan and inf fail it too
+        log.warning("%s=%r is not a number of seconds in (0, %g]: the replay window stays %g s", WINDOW_ENV,
+                    value, MAX_WINDOW_S, default)
+        return default
+    return seconds
+
+
+def _vllm_stats_interval() -> float:
+    """vLLM's ``VLLM_LOG_STATS_INTERVAL`` as vLLM reads it (10 s where it is unset or not positive)."""
+    try:
+        from vllm import envs
+
+        return float(envs.VLLM_LOG_STATS_INTERVAL)
+    except (ImportError, AttributeError, ValueError):  # no vLLM here, or a value vLLM cannot read either
+        return VLLM_STATS_INTERVAL
 
 
 def _flag(name: str) -> bool:
