@@ -15,8 +15,9 @@ traffic), padded to vLLM's default capture sizes. Arms, alternating round by rou
 * ``no writes``: the same recorder with a window longer than the round (only its close writes, after
   the timed loop).
 
-The figure is steps per second of each arm against ``no writes`` (median of the rounds), and the
-flush thread's own CPU time per second of serving.
+The figures, medians of the rounds: the flush thread's own CPU time and the statements the database
+ran (each a hand-over of the GIL) per second of serving, and steps per second against ``no writes``
+(which on a shared VM moves between rounds by more than the flush thread costs).
 
     python3 bench/window_cost.py --out bench/results/cpu/window_cost.json
 """
@@ -41,7 +42,7 @@ from sqlalchemy.engine.interfaces import ExecuteStyle
 from bench import common
 from capture_core.descriptor import BatchDescriptor
 from capture_core.modes import CUDAGraphMode
-from capture_core.sizes import EagerReason, vllm_default_sizes
+from capture_core.sizes import EagerReason, SizeTable, vllm_default_sizes
 
 NO_WRITES = 10_000.0
 """A window no round reaches: the recorder writes only at close, outside the timed loop."""
@@ -63,7 +64,6 @@ class Flushes:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self.count = 0
 
     def wrap(self, recorder: Any) -> None:
         flusher = recorder._flusher
@@ -75,7 +75,6 @@ class Flushes:
                 return original(include_traffic, ended)
             finally:
                 self.seconds += time.thread_time() - began
-                self.count += 1
         flusher.flush_once = flush_once
 
 
@@ -122,7 +121,8 @@ def serve(recorder: Any, steps: list[tuple[int, bool]], spins: int, seconds: flo
     it under vLLM's default mode: a uniform decode step replays FULL, a mixed one PIECEWISE, one above
     the largest capture size runs eagerly."""
     sizes = vllm_default_sizes(512)
-    padded = {n: next((s for s in sizes if s >= n), None) for n, _ in steps}
+    table = SizeTable(sizes)
+    padded = {n: table.pad(n) for n, _ in steps}
     full = {s: BatchDescriptor(s, s, True) for s in sizes}
     mixed = {s: BatchDescriptor(s) for s in sizes}
     FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
