@@ -613,10 +613,15 @@ def main(argv: list[str] | None = None) -> int:
                         faults.plant(to_plant.pop(0), step)
                         plant_at = step + 40
                 state["step"] = step
+                if faults is not None and session is not None:
+                    session.last_v2_step = None  # set again by this step's V2 replay, if it has one
                 for output in engine.step():
                     segments.made(output.request_id, len(output.outputs[0].token_ids))
                     if output.finished:
                         tokens[output.request_id] = list(output.outputs[0].token_ids)
+                if faults is not None and session is not None and session.last_v2_step is not None:
+                    # a V2 replay seen before is counted in the dispatch hook, without session.step
+                    modes.setdefault(step, session.last_v2_step.execution.cg_mode.name)
                 step += 1
                 segments.stepped(step)
                 if step % 500 == 0:
