@@ -205,6 +205,9 @@ def test_the_long_and_large_plans_build_one_process_first_and_serve_on_against_o
         for spec in specs:  # every process's options parse as vllm_serve.py's
             args = parse_args(["--tag", spec["tag"], "--out", "x.json", *spec["args"]])
             assert args.model == ("llama-8b" if name == "large" else "tiny") and args.waves > 0
-    long = gpu_vllm.plan("long", 3000)[0]
-    assert long["args"][long["args"].index("--levels") + 1] == "on,off" and long["serve_s"] > 150
+    for name in ("long", "large"):  # the compared process: many short cycles of on against off
+        waves = gpu_vllm.plan(name, 3000)[0]["args"]
+        assert waves[waves.index("--levels") + 1] == "on,off"
+        assert waves[waves.index("--waves") + 1] == str(gpu_vllm.LONG_WAVES)
+    assert gpu_vllm.plan("long", 3000)[0]["serve_s"] > 150
     assert MODELS["llama-8b"]["num_hidden_layers"] == 32 and MODELS["tiny"]["hidden_size"] == 512
