@@ -33,7 +33,7 @@ own clock predicts it to be). The ``large`` plan: both on Llama 3 8B's shape (``
 is the GPU's work rather than the host's (run 16 served it 12 cycles of three levels, too few to
 place the median within 1%; now the ``long`` plan's many short cycles at ``on`` and ``off``).
 
-All of a plan's processes share one compile cache (``SHARED_CACHE``; not yet run on the H200).
+All of a plan's processes share one compile cache (``SHARED_CACHE``; since run 5).
 Every process builds and waits on the cores from 4 up and serves alone on cores 0-3 (``SERVE_CPUS``),
 and the next serves only once the last has exited: no process is timed beside another's work.
 
@@ -131,17 +131,17 @@ def plan(name: str, steps: int, pairs: int = 3) -> list[dict[str, Any]]:
              for runner in (2, 1)]
     if name == "probe":  # where an attached V2 step's host time goes, alone on the machine
         return timed[:1]
+    compared = ["--runner", "v2", "--waves", str(LONG_WAVES), "--wave-steps", str(LONG_WAVE_STEPS),
+                "--levels", "on,off", "--warmup-steps", "400"]  # the long plan's many short cycles
     if name == "long":  # on against off on many identical waves, and the integration's own clock
         return [{"tag": "v2-long-waves", "group": 0, "serve": 30, "db": True, "serve_s": 420,
-                 "args": ["--runner", "v2", "--waves", str(LONG_WAVES), "--wave-steps", str(LONG_WAVE_STEPS),
-                          "--levels", "on,off", "--warmup-steps", "400", *KV]}, dict(timed[0], group=1)]
+                 "args": [*compared, *KV]}, dict(timed[0], group=1)]
     if name == "large":  # the same on Llama 3 8B's shape: the waves, then the clock
-        shape = ["--runner", "v2", "--warmup-steps", "400", *LARGE]
         return [{"tag": "v2-8b-waves", "group": 0, "serve": 30, "db": True, "serve_s": 420,
-                 "args": [*shape, "--waves", str(LONG_WAVES), "--wave-steps", str(LONG_WAVE_STEPS),
-                          "--levels", "on,off"]},
+                 "args": [*compared, *LARGE]},
                 {"tag": "v2-8b-timed", "group": 1, "serve": 31, "db": True, "serve_s": 240,
-                 "args": [*shape, "--waves", "3", "--levels", WAVE_LEVELS, "--time-integration"]}]
+                 "args": ["--runner", "v2", "--waves", "3", "--levels", WAVE_LEVELS, "--time-integration",
+                          "--warmup-steps", "400", *LARGE]}]
     if name == "debug":  # the checks in debug mode, and where an attached step's host time goes
         debug = [{"tag": f"v{runner}-debug", "group": 1, "serve": 30 + runner, "db": True,
                   "args": ["--steps", str(DEBUG_STEPS), "--runner", f"v{runner}", "--checks", "debug", *KV]}
