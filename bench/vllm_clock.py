@@ -4,10 +4,12 @@ A level's cost seen from outside (its tokens/s against ``off``'s) says how much,
 clock says where, from inside: the nanoseconds spent in each method of vLLM's the integration hooks
 per step (the runner's decision, the graph calls) less the time inside vLLM's own method and replay
 there, summed per level, which is all the integration does on the serving thread; and within that,
-the twins' ``serve`` (lookup, replay guard, closer looks), each guard and the record of decisions not
-seen before. Divided by a step's time at ``off`` it predicts the level's tokens/s against ``off``'s
-(``gpu_vllm.py`` prints it beside the waves). Its own cost is a few ``perf_counter_ns`` calls per
-hooked call; it is for a process of its own, not for one whose tokens/s are compared.
+the twins' ``serve`` (lookup, replay guard, closer looks), each guard (a V2 FULL replay's runs in its
+hook, which goes on to ``serve`` only when the guard says no) and the record of decisions not seen
+before and of eager steps. Divided by a step's time at ``off`` it predicts the level's tokens/s
+against ``off``'s (``gpu_vllm.py`` prints it beside the waves). Its own cost is a few
+``perf_counter_ns`` calls per hooked call; it is for a process of its own, not for one whose
+tokens/s are compared.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class IntegrationClock:
         self.inner = [0]
         """Nanoseconds inside vLLM's own methods and replays, summed (what the hooks' times leave out)."""
         self._undo: list[tuple[Any, str, Any]] = []
-        serve, run, step = CUDAGraphWrapper.serve, EngineGraph.run, session.step
+        serve, run, step, eager = CUDAGraphWrapper.serve, EngineGraph.run, session.step, session.eager_step
         look = CUDAGraphWrapper._replay_checked
         self._hooks = list(hooks._per_step)
         self._cells: list[tuple[Any, Any]] = []
@@ -53,7 +55,7 @@ class IntegrationClock:
         CUDAGraphWrapper._replay_checked = self._own("look", look)
         self.guards: dict[str, Any] = {}
         """Per twin, its first guarded graph: the guard's source and its time alone, inside a step."""
-        session.step = self._own("step", step)
+        session.step, session.eager_step = self._own("step", step), self._own("eager", eager)
         self._guards = [(entry, entry.guard) for twin in session.twins for entry in twin.graphs.values()]
         for twin in session.twins:  # every graph is held by now (the clock starts after capture)
             for entry in twin.graphs.values():
@@ -115,6 +117,7 @@ class IntegrationClock:
                 return guard(args, kwargs, real)
             finally:
                 self.own[self.level, "guard"] += clock() - began
+                self.calls[self.level, "guard"] += 1
         return timed
 
     def close(self) -> None:
@@ -132,6 +135,7 @@ class IntegrationClock:
             if owner.__dict__.get(name) is timed:
                 setattr(owner, name, replacement)
         self.session.__dict__.pop("step", None)
+        self.session.__dict__.pop("eager_step", None)
 
     def _level(self, level: str, steps: int, hooked: list[str]) -> dict[str, Any]:
         def per_step(*what: str) -> float:
@@ -142,13 +146,15 @@ class IntegrationClock:
                 "closer_look_us_per_step": per_step("look"), "closer_looks": self.calls[level, "look"],
                 "new_decision_records": self.calls[level, "step"],
                 "step_record_us_per_step": per_step("step"),
-                "graph_calls_per_step": round(self.calls[level, "serve"] / steps, 3)}
+                "eager_steps": self.calls[level, "eager"], "eager_record_us_per_step": per_step("eager"),
+                "serve_calls_per_step": round(self.calls[level, "serve"] / steps, 3),
+                "guard_calls_per_step": round(self.calls[level, "guard"] / steps, 3)}
 
     def result(self) -> dict[str, Any]:
         """Per level: microseconds a step in the integration in all (``integration_us_per_step``: every
         per-step hook less vLLM's own methods and replays inside it) and in its parts (each hook; the
-        twins' serve, the guard and the closer looks within them; the record of new decisions), the
-        graph calls a step, over the steps the decision hook saw at that level."""
+        twins' serve, the guards and the closer looks; the record of new decisions and of eager steps),
+        the calls of serve and of the guards a step, over the steps the decision hook saw at that level."""
         out: dict[str, Any] = {}
         hooked = sorted({name for _, name, _, _ in self._hooks})
         for level, steps in self.steps.items():

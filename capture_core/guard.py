@@ -4,17 +4,19 @@ Every check a replay needs is known at capture: which tensors the call hands the
 (``inputs``), the wrapped module's state (``state``), the per-step inputs (``stale``), which replays
 are sampled (``canary.Sampling``). ``ReplayChecks`` holds them for one graph and compiles one
 *guard* from them: a single generated function whose body is a flat run of comparisons -
-``args[0] is <captured tensor> and args[3][2][0] is <captured tensor> and ...`` (with each captured
-object's address, and its shape and strides when its version counter moved), the module
-registration count and the parameter swap count (``capture_core.swaps``) against the ones last
-checked, the address of each buffer (and of a parameter whose swaps are not counted; a parameter
-handed in as an input, as torch.compile's pieces take their weights, is held to its captured address
-by the swap count too: its identity and the count say it has not moved), each
-per-step input's version counter against its last replay's, whether this step's padding rows held
-real tokens at their last replay (the newest row-status entry: same size, and at least as many real
-tokens), and a countdown to the next sampled replay. Identity tests and integer compares: the
+``args[0] is <captured tensor> and args[3][2][0] is <captured tensor> and ...`` - the module
+registration count and the count of moves of captured tensors (``capture_core.swaps``: ``.data =``,
+``set_``, ``resize_``, ``as_strided_``, a storage resized...) against the ones last checked, whether
+each per-step input's version counter moved since its last replay, whether this step's padding rows
+held real tokens at their last replay (the newest row-status entry: same size, and at least as many
+real tokens), and a countdown to the next sampled replay. Identity tests and integer compares: the
 cheapest questions Python can ask, with no loop, no attribute chain worked out at replay, no
-allocation.
+allocation, and no call into torch for a captured tensor whose moves are counted: what costs a guard
+most on a busy host is the first call of each kind into torch (a cold ``data_ptr()``, ``_version``,
+``shape``), not the number of tensors. A tensor that is not the captured one (a fresh view of the
+static buffer, made per step by many engines) is read the captured way: its address, shape, strides
+and dtype; a captured one whose moves cannot be counted (a class with its own ``set_`` or
+``__setattr__``) has its address read, and its shape and strides when its version counter moved.
 
 A tensor of a subclass that overrides ``__torch_function__`` (vLLM's weights are such parameters)
 answers every method and attribute through that Python hook: on a CPU here ``data_ptr()`` took 3.4 us
@@ -40,7 +42,7 @@ from capture_core.checks import Finding
 from capture_core.inputs import InputLayout, TensorInput, version_of
 from capture_core.stale import PerStepInputs
 from capture_core.state import REGISTRATIONS, ModuleState
-from capture_core.swaps import DATA_SWAPS, counted, watch_data_swaps
+from capture_core.swaps import DATA_SWAPS, counted, watch
 
 _NEVER = 1 << 62
 """A countdown that never runs out (no replay after this one is sampled)."""
@@ -84,12 +86,10 @@ class ReplayChecks:
         for index, spec in enumerate(layout.inputs):
             version = version_of(spec.tensor)
             self.layout_versions[index] = None if version is None or id(spec) in written else [version]
-        if any(isinstance(spec.tensor, torch.nn.Parameter) for spec in layout.inputs):
-            watch_data_swaps()  # weights handed in as inputs: their swaps counted from here on
-        self.counted_inputs = {index for index, spec in enumerate(layout.inputs)
-                               if counted(spec.tensor) and self.layout_versions[index] is not None}
-        """The inputs that are parameters whose memory swaps are counted (``capture_core.swaps``): the
-        guard takes the captured one's address on the count's word instead of reading it."""
+        watch(self, (spec.tensor for spec in layout.inputs))  # their moves counted from here on
+        self.counted_inputs = {index for index, spec in enumerate(layout.inputs) if counted(spec.tensor)}
+        """The inputs whose moves are counted (``capture_core.swaps``): the guard takes the captured
+        object's address and layout on the count's word instead of reading them."""
         self.input_swaps_at = [DATA_SWAPS[0]]
         """The parameter swap count when the inputs were last found as captured (by a closer look)."""
         self.countdown = [0]
@@ -153,25 +153,27 @@ class ReplayChecks:
         return found
 
     def _same(self, index: int, spec: TensorInput, bind: Callable[[Any], str]) -> str:
-        """The guard's term for one input: the captured object itself, still at its address and, when
-        its counter moved (an in-place ``set_``, ``resize_`` or ``as_strided_`` moves it, as a write
-        does), still of its shape and strides; or else a tensor at the captured address read the
-        captured way (a fresh view of the static buffer, made per step by many engines). Storage
-        offset and device are left to the closer look: with the same address, shape, strides and
-        dtype the kernels read exactly what they were recorded for."""
+        """The guard's term for one input: the captured object itself (whose moves the count, compared
+        once, covers: no read of it at all); or, for one whose moves cannot be counted, still at its
+        address and, when its version counter moved (an in-place ``set_``, ``resize_`` or
+        ``as_strided_`` moves it, as a write does), still of its shape and strides; or else a tensor at
+        the captured address read the captured way (a fresh view of the static buffer, made per step
+        by many engines). Storage offset and device are left to the closer look: with the same
+        address, shape, strides and dtype the kernels read exactly what they were recorded for."""
         address, shape, stride, _, dtype, _ = spec.key
         # the layout as literals in the code: no lookup, and constants the code object keeps together
         shaped = f"v.shape == {tuple(shape)!r} and v.stride() == {tuple(stride)!r}"
+        fresh = f"v.data_ptr() == {address} and {shaped} and v.dtype is {bind(dtype)}"
+        captured = bind(spec.tensor)
+        if index in self.counted_inputs:
+            return f"((v := {spec.access()}) is {captured} or {fresh})"
         cell = self.layout_versions[index]
         if cell is None:
             own = f"v.data_ptr() == {address} and {shaped}"
         else:
             seen = bind(cell)
-            # a counted parameter's memory moves only where the swap count (compared once) sees it
-            at = "" if index in self.counted_inputs else f"v.data_ptr() == {address} and "
-            own = f"{at}((n := v._version) == {seen}[0] or {shaped} and not {seen}.__setitem__(0, n))"
-        fresh = f"v.data_ptr() == {address} and {shaped} and v.dtype is {bind(dtype)}"
-        captured = bind(spec.tensor)
+            own = f"v.data_ptr() == {address} and ((n := v._version) == {seen}[0] or {shaped} and " \
+                  f"not {seen}.__setitem__(0, n))"
         return f"((v := {spec.access()}) is {captured} and {own} or v is not {captured} and {fresh})"
 
     def _compile(self) -> tuple[str, Guard]:
@@ -223,7 +225,11 @@ class ReplayChecks:
         if rows is not None:
             lines.append("    top[1] = real")
         lines.append("    return True")
-        if any(isinstance(v, torch.Tensor) and torch._C._has_torch_function_unary(v) for v in bound.values()):
+        read = [spec.tensor for index, spec in enumerate(self.layout.inputs)
+                if self.check_inputs and index not in self.counted_inputs]
+        read += [held for held, _ in self.state.guard_terms()] if self.state is not None else []
+        read += [tensor for tensor, _ in terms]
+        if any(torch._C._has_torch_function_unary(tensor) for tensor in read):  # methods read below it
             body = ["    with _no_subclass_hooks():", *(f"    {line}" for line in lines[1:])]
             lines = [lines[0], *body]
             bound["_no_subclass_hooks"] = torch._C.DisableTorchFunctionSubclass

@@ -11,10 +11,10 @@ check is split by cost:
 * always on: PyTorch's global module registration hooks count every assignment of a parameter,
   buffer or submodule anywhere in the process (one integer bump each), and a graph's replay guard
   compares that count with the one it last checked at; what no module hook sees - ``param.data =
-  new`` (an RL weight sync does this), ``set_``, ``.to()``, ``swap_tensors`` - is counted where it
-  happens (``capture_core.swaps``) and compared the same way; and the guard reads the address of
-  every buffer (one ``data_ptr()`` each), and of a parameter whose class could bypass that count.
-  Any of these is found at the very next replay of every graph.
+  new`` (an RL weight sync does this), ``set_``, ``.to()``, ``swap_tensors``, a buffer resized in
+  place - is counted where it happens (``capture_core.swaps``, for every parameter and buffer a graph
+  holds) and compared the same way; the guard reads the address of a tensor whose class could bypass
+  that count, and of no other. Any of these is found at the very next replay of every graph.
 * on sampled replays (and every debug replay), and whenever the guard said no, every parameter and
   buffer re-read from its module's dict and its address compared (a different object: its whole
   layout); after a counted registration the module tree is walked again by name, which finds a
@@ -32,7 +32,7 @@ from torch.nn.modules import module as module_hooks
 
 from capture_core.checks import Finding
 from capture_core.inputs import LayoutKey, compare, layout_key
-from capture_core.swaps import DATA_SWAPS, counted, watch_data_swaps
+from capture_core.swaps import DATA_SWAPS, counted, watch
 
 REGISTRATIONS = [0]
 """How many parameters, buffers and submodules have been assigned in this process since the
@@ -89,25 +89,25 @@ class ModuleState:
 
     def __init__(self, module: nn.Module) -> None:
         watch_registrations()
-        watch_data_swaps()
         self.module = module
         self.tensors = tuple(
             StateTensor(name, owner, table, attribute, tensor, layout_key(tensor))
             for name, owner, table, attribute, tensor in _state_of(module)
         )
+        watch(self, (spec.tensor for spec in self.tensors))  # their moves counted from here on
         self.checked_at = [REGISTRATIONS[0]]
         """The registration count at the last clean check (a one-element list, read in place)."""
         self.swaps_at = [DATA_SWAPS[0]]
-        """The parameter swap count at the last clean check (the same way)."""
+        """The count of moves of captured tensors at the last clean check (the same way)."""
 
     def changed_since_checked(self) -> bool:
-        """Whether a registration or a parameter swap was counted since the last clean check."""
+        """Whether a registration or a move of a captured tensor was counted since the last clean check."""
         return self.checked_at[0] != REGISTRATIONS[0] or self.swaps_at[0] != DATA_SWAPS[0]
 
     def guard_terms(self) -> list[tuple[torch.Tensor, int]]:
-        """``(tensor, captured address)`` of every buffer, and of every parameter whose swaps are not
-        counted, for the replay guard (the counts cover the rest); a tensor held under several names
-        (a rotary cache every layer shares) once."""
+        """``(tensor, captured address)`` of every parameter or buffer whose moves are not counted (its
+        class defines its own ``set_`` or ``__setattr__``), for the replay guard (the counts cover the
+        rest); a tensor held under several names (a rotary cache every layer shares) once."""
         terms = {id(spec.tensor): (spec.tensor, spec.key[0])
                  for spec in self.tensors if not counted(spec.tensor)}
         return list(terms.values())

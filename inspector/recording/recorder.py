@@ -176,6 +176,13 @@ class Recorder:
                descriptor.has_lora, descriptor.num_active_loras, num_real_tokens)
         return self._replays.setdefault(key, [0])
 
+    def eager_cell(self, reason: EagerReason, num_real_tokens: int, mode: CUDAGraphMode) -> list[int] | None:
+        """The counter ``on_eager`` bumps for these arguments, held by its caller as ``replay_cell``'s
+        is (None where the order of steps is kept too: call ``on_eager`` then)."""
+        if self._steps is not None:
+            return None
+        return self._eager.setdefault((reason._value_, mode._value_, num_real_tokens), [0])
+
     def on_eager(self, reason: EagerReason, num_real_tokens: int, mode: CUDAGraphMode) -> None:
         key = (reason._value_, mode._value_, num_real_tokens)
         try:

@@ -160,15 +160,17 @@ class OwnSetattrParameter(HookedParameter):
     lambda p: torch.utils.swap_tensors(p, nn.Parameter(torch.randn(4, 4), requires_grad=False)),
 ])
 def test_the_guard_reads_no_counted_weight_and_a_swap_under_a_hooked_subclass_is_caught(swap, observer):
-    """vLLM's weights are a ``__torch_function__`` subclass: the guard reads none of them (their
-    swaps are counted where they happen), so it never enters their hook, and a swap is still found
-    at the next replay."""
+    """vLLM's weights are a ``__torch_function__`` subclass: the guard reads none of them, nor any
+    buffer (their moves are counted where they happen), so it never enters their hook, and a swap is
+    still found at the next replay."""
     model = Model().requires_grad_(False)
     for block in model.layers:
         block.lin.weight = HookedParameter(block.lin.weight.detach())
     wrapper, checks, x = captured_model(model, observer)
-    addresses = {held.data_ptr() for held, _ in checks.state.guard_terms()}
-    assert addresses == {block.offset.data_ptr() for block in model.layers}  # the buffers alone
+    assert checks.state.guard_terms() == []
+    source = checks.guard_source  # an address read only where the input is not the captured tensor
+    assert source.count(".data_ptr()") == source.count(" or v.data_ptr()") == 1
+    assert "_no_subclass_hooks" not in checks.guard_source
     HookedParameter.calls = 0
     assert checks.clean((x,), {}, 2)
     assert HookedParameter.calls == 0
@@ -194,9 +196,10 @@ def piece(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     lambda p: torch.utils.swap_tensors(p, nn.Parameter(torch.randn(4, 4), requires_grad=False)),
 ])
 def test_a_weight_handed_in_as_an_input_is_held_by_the_swap_count_and_its_swap_caught(kind, swap, observer):
-    """A piece's weights are inputs: the guard takes their addresses on the swap count's word (one
+    """A piece's weights are inputs: the guard takes their addresses on the count of moves' word (one
     compare for all), reads none of them, and still finds a swap at the next replay, and each replay
-    after while it lasts; a swap of some other parameter costs one closer look and no violation."""
+    after while it lasts; a swap of a parameter no graph holds costs nothing, one of a tensor another
+    graph holds one closer look and no violation."""
     runtime = GraphRuntime("eager", observer=observer, progress=False, sampling=NO_SAMPLES)
     wrapper = CUDAGraphWrapper(piece, runtime, name="piece")
     weight = HookedParameter(torch.randn(4, 4)) if kind is HookedParameter else nn.Parameter(
@@ -205,11 +208,12 @@ def test_a_weight_handed_in_as_an_input_is_held_by_the_swap_count_and_its_swap_c
     with runtime.capture_phase(), set_forward_context(FULL, DESC):
         wrapper(x, weight)
     checks = next(iter(wrapper.graphs.values())).checks
-    assert checks.counted_inputs == {1}
-    # the captured weight itself: its identity and its counter, no address read (a fresh tensor in its
+    assert checks.counted_inputs == {0, 1}
+    # the captured tensors themselves: their identity alone, nothing read (a fresh tensor in their
     # place is still read at the captured address)
-    assert re.search(r"\(v := args\[1\]\) is _\d+ and \(\(n := v\._version\)", checks.guard_source)
-    assert re.search(r"\(v := args\[0\]\) is _\d+ and v\.data_ptr\(\) == ", checks.guard_source)
+    for index in (0, 1):
+        assert re.search(rf"\(\(v := args\[{index}\]\) is _\d+ or v\.data_ptr\(\) == ", checks.guard_source)
+    assert "_version" not in checks.guard_source
     HookedParameter.calls = 0
     assert checks.clean((x, weight), {}, 2) and HookedParameter.calls == 0
 
@@ -221,7 +225,14 @@ def test_a_weight_handed_in_as_an_input_is_held_by_the_swap_count_and_its_swap_c
     replays(3)
     assert observer.violations == [] and checks.looks == 0
     other = nn.Parameter(torch.randn(4, 4), requires_grad=False)
-    other.data = torch.zeros(4, 4)  # a swap elsewhere: one closer look, then the guard again
+    other.data = torch.zeros(4, 4)  # no graph holds it: not counted
+    replays(3)
+    assert observer.violations == [] and checks.looks == 0
+    held_elsewhere, elsewhere = torch.zeros(3), GraphRuntime("eager", progress=False, sampling=NO_SAMPLES)
+    other_graph = CUDAGraphWrapper(piece, elsewhere, name="other")
+    with elsewhere.capture_phase(), set_forward_context(FULL, DESC):
+        other_graph(held_elsewhere.view(1, 3), torch.ones(3, 4))
+    held_elsewhere.resize_(5)  # counted: one closer look, then the guard again
     replays(3)
     assert observer.violations == [] and checks.looks == 1
     with torch.no_grad():
@@ -254,26 +265,76 @@ def test_a_buffer_shared_by_layers_is_read_once_and_its_swap_caught_under_every_
     shared = model.layers[0].offset
     model.layers[1].offset = shared  # one rotary cache, held by every layer
     wrapper, checks, x = captured_model(model, observer)
-    assert [held for held, _ in checks.state.guard_terms()] == [shared]
+    assert checks.state.guard_terms() == []  # its moves are counted: nothing read at replay
     replay(wrapper, x)
-    shared.data = torch.ones(4)  # a buffer's swap is not counted: its address is read every replay
+    shared.data = torch.ones(4)
     replay(wrapper, x)
     names = sorted(v.input_name for v in observer.violations)
     assert names == ["self.layers.0.offset", "self.layers.1.offset"]
 
 
-def test_counting_swaps_changes_nothing_a_parameter_does_and_torch_compile_still_traces_data() -> None:
-    from capture_core.swaps import DATA_SWAPS, watch_data_swaps
+MOVES = {
+    ".data =": lambda t: setattr(t, "data", torch.zeros(4, 4)),
+    "set_": lambda t: t.set_(torch.zeros(4, 4)),
+    "resize_": lambda t: t.resize_(2, 8),
+    "resize_as_": lambda t: t.resize_as_(torch.zeros(16)),
+    "as_strided_": lambda t: t.as_strided_((4, 2), (4, 2)),
+    "t_": lambda t: t.t_(),
+    "transpose_": lambda t: t.transpose_(0, 1),
+    "swapdims_": lambda t: t.swapdims_(0, 1),
+    "swapaxes_": lambda t: t.swapaxes_(0, 1),
+    "squeeze_": lambda t: t.squeeze_(),
+    "unsqueeze_": lambda t: t.unsqueeze_(0),
+    "swap_tensors": lambda t: torch.utils.swap_tensors(t, torch.zeros(4, 4)),
+    "storage resize_": lambda t: t.untyped_storage().resize_(128),
+    "storage of its base resized": lambda t: t._base.untyped_storage().resize_(128),
+}
 
-    watch_data_swaps()
+
+class Holder:
+    """What watches tensors in the tests below (a graph's checks, in the product)."""
+
+
+@pytest.mark.parametrize("move", MOVES)
+def test_every_move_of_a_watched_tensor_is_counted_and_does_what_it_did(move) -> None:
+    from capture_core.swaps import DATA_SWAPS, watch
+
+    def fresh() -> torch.Tensor:
+        return torch.zeros(8, 4)[:4] if move == "storage of its base resized" else torch.zeros(4, 4)
+
+    holder, watched, other = Holder(), fresh(), fresh()
+    watch(holder, [watched])
+    before = DATA_SWAPS[0]
+    MOVES[move](other)  # a tensor no graph holds (an engine's sampler re-shaping its own): not counted
+    assert DATA_SWAPS[0] == before + move.startswith("storage")
+    expected = fresh()
+    MOVES[move](expected)
+    before = DATA_SWAPS[0]
+    MOVES[move](watched)
+    assert DATA_SWAPS[0] == before + 1
+    assert watched.shape == expected.shape and watched.stride() == expected.stride()
+    del holder  # the last holder gone: the tensor is let go, and no longer counted
+    before = DATA_SWAPS[0]
+    watched.unsqueeze_(0)
+    assert DATA_SWAPS[0] == before
+
+
+def test_counting_changes_nothing_a_tensor_does_and_torch_compile_still_traces_it() -> None:
+    from capture_core.swaps import DATA_SWAPS, watch
+
     weight = HookedParameter(torch.ones(3))
+    linear = nn.Linear(2, 2)
+    holder = Holder()
+    watch(holder, [weight, *linear.parameters()])
     before = DATA_SWAPS[0]
     weight.note = "an attribute"  # not a swap
     weight.data = torch.full((3,), 2.0)
     assert DATA_SWAPS[0] == before + 1 and weight.note == "an attribute" and weight.tolist() == [2.0] * 3
     with pytest.raises(TypeError, match="has to be a tensor"):
         weight.data = 5
-    linear = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="must be Tensor"):
+        weight.resize_as_(5)  # the error it raised before, and nothing counted
+    assert DATA_SWAPS[0] == before + 1
     linear.to(torch.float64)  # nn.Module._apply swaps each parameter's data
     assert DATA_SWAPS[0] == before + 3 and linear.weight.dtype == torch.float64
 
@@ -284,9 +345,12 @@ def test_counting_swaps_changes_nothing_a_parameter_does_and_torch_compile_still
             self.hooked = PassThroughParameter(torch.full((3,), 3.0))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x * self.plain.data + self.hooked.data * self.hooked
+            y = (x * 1).unsqueeze_(0).t_()  # the counting methods, on a tensor the trace makes
+            return y.squeeze_(1) * self.plain.data + self.hooked.data * self.hooked
 
-    compiled = torch.compile(Reads(), backend="eager", fullgraph=True)
+    reads = Reads()
+    watch(holder, list(reads.parameters()))
+    compiled = torch.compile(reads, backend="eager", fullgraph=True)
     assert compiled(torch.ones(3)).tolist() == [10.0] * 3
 
 

@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from capture_core.checks import AddressCheckMode
 from inspector.engines.vllm.session import VllmSession
 from inspector.engines.vllm.twins import PoolMeter
 
@@ -45,7 +44,6 @@ _installed: list[tuple[Any, str, Any]] = []
 _per_step: list[tuple[Any, str, Any, Any]] = []
 """(owner, attribute, original, replacement) of the methods vLLM calls at every step (``pause``)."""
 _session: VllmSession | None = None
-_UNCHECKED = AddressCheckMode.OFF
 
 
 def session() -> VllmSession | None:
@@ -146,6 +144,7 @@ def _in_dummy_run(current: VllmSession) -> Callable[[Any], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def hooked(*args: Any, **kwargs: Any) -> Any:
             current.dummy_depth += 1
+            current.plain = False  # its graph calls go the whole way (its captures are recorded)
             try:
                 return original(*args, **kwargs)
             finally:
@@ -161,6 +160,8 @@ def _hook_wrapper(current: VllmSession, wrapper_cls: Any, cuda_graph: Any) -> No
 
     def make_call(vllm_call: Callable[..., Any]) -> Callable[..., Any]:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if current.plain:  # an eager step, or recording only a graph vLLM holds: vLLM's call alone
+                return current.vllm_call(self, *args, **kwargs)
             if current.runtime is None or not is_forward_context_available():
                 return vllm_call(self, *args, **kwargs)
             forward = get_forward_context()
@@ -174,6 +175,7 @@ def _hook_wrapper(current: VllmSession, wrapper_cls: Any, cuda_graph: Any) -> No
     def make_clear(original: Callable[..., Any]) -> Callable[..., Any]:
         def clear_graphs(self: Any) -> None:
             self.__dict__.pop("_graph_inspector_twin", None)
+            current.forget_captures()
             return original(self)
         return clear_graphs
 
@@ -245,14 +247,18 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
                 known.cell[0] += 1
                 current.step_tokens = num_tokens
                 current.last_v2_step = known
+                current.plain = known.plain
                 return result
-            mode = execution.cg_mode
-            forced = decode = False
-            if mode is eager:  # why it runs eagerly is worked out for eager steps alone
+            if execution.cg_mode is eager:  # a new descriptor every eager step: counted by its figures
+                current.step_tokens = num_tokens
+                current.last_v2_step = None
+                current.plain = True
                 forced = bool(kwargs.get("need_eager", args[2] if len(args) > 2 else False))
                 decode = uniform_token_count is not None and uniform_token_count == getattr(
                     cudagraph_manager, "decode_query_len", 1)
-            current.step(mode, execution, int(num_tokens), decode, execution=True, forced=forced)
+                current.eager_step(int(num_tokens), decode, forced)
+                return result
+            current.step(execution.cg_mode, execution, int(num_tokens), False, execution=True)
         return result
 
     def make_capture(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -287,16 +293,21 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
 
     def make_run(original: Callable[..., Any]) -> Callable[..., Any]:
         def run_fullgraph(self: Any, desc: Any) -> Any:
-            twin, runtime = current.full_twin, current.runtime
-            if twin is None or runtime is None:
+            if current.plain:  # recording only, a graph the twin holds: recorded at its dispatch
+                return original(self, desc)
+            twin = current.full_twin
+            if twin is None or current.runtime is None:
                 return original(self, desc)
             known = current.last_v2_step
-            context = known.context if known is not None and known.execution is desc else None
-            if context is None:
+            inputs = _full_inputs(current.runner)
+            if known is not None and known.execution is desc:
+                entry = known.entry  # the common replay: its guard, then vLLM's replay
+                if entry is not None and entry.guard((), inputs, known.context.num_real_tokens):
+                    return original(self, desc)
+                context = known.context
+            else:
                 context = current.full_context(desc)
-            if runtime.address_check is _UNCHECKED and twin.lookup(context.descriptor) is not None:
-                return original(self, desc)  # recording only: the step was recorded at its dispatch
-            return twin.serve(context, (), _full_inputs(current.runner))
+            return twin.serve(context, (), inputs)
         return run_fullgraph
 
     _wrap(runner_cls, "__init__", make_init)

@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from capture_core.backends import CapturedGraph, GraphBackend
-from capture_core.checks import ParameterNames
+from capture_core.checks import AddressCheckMode, ParameterNames
 from capture_core.descriptor import BatchDescriptor
 from capture_core.errors import GraphCacheError
 from capture_core.events import CaptureEvent, NullObserver, ViolationEvent
@@ -79,18 +79,23 @@ VLLM_STATS_INTERVAL = 10.0
 MAX_WINDOW_S = 30.0
 """The longest replay window: a run is shown live while it wrote within the last minute
 (``inspector.reading.metrics.LIVE_AFTER_S``), so a longer one would show a serving vLLM as stale."""
+_UNCHECKED, _DEBUG = AddressCheckMode.OFF, AddressCheckMode.DEBUG
 _MAX_CONTEXTS = 4096
 """Descriptors and FULL contexts held by identity at most (each map is emptied when full)."""
 
 
 class V2Step:
     """One V2 replay decision as recorded: vLLM's execution descriptor (held, so its id is not
-    reused), the recorder's counter it bumps, and the FULL replay's context (None for PIECEWISE)."""
+    reused), the recorder's counter it bumps, the FULL replay's context and the FULL twin's entry for
+    it (None for PIECEWISE, or a graph the twin does not hold), and whether the step's graph calls
+    need nothing of the integration (``VllmSession.plain``)."""
 
-    __slots__ = ("cell", "context", "execution")
+    __slots__ = ("cell", "context", "entry", "execution", "plain")
 
-    def __init__(self, execution: Any, cell: list[int], context: ForwardContext | None) -> None:
+    def __init__(self, execution: Any, cell: list[int], context: ForwardContext | None, entry: Any,
+                 plain: bool) -> None:
         self.execution, self.cell, self.context = execution, cell, context
+        self.entry, self.plain = entry, plain
 
 
 class EngineBackend(GraphBackend):
@@ -137,6 +142,17 @@ class VllmSession:
         """Inside the V1 runner's CUDA-graph memory profiling: its graphs are thrown away."""
         self.step_tokens = 0
         """The current step's unpadded token count (for the forward context the twins read)."""
+        self.plain = False
+        """The current step's graph calls need nothing of the integration, so its hooks call vLLM's
+        method at once: an eager step (vLLM's wrappers run their piece as it is), or, with the checks
+        off, a replay of a descriptor whose graphs every twin holds (the step is recorded at its
+        dispatch). Set by each step's dispatch; never inside a dummy run."""
+        self._captured: set[tuple[CUDAGraphMode, BatchDescriptor]] = set()
+        """(mode, descriptor) of every graph captured and not thrown away (a PIECEWISE one once all
+        its pieces are)."""
+        self._eager: dict[tuple[int, bool, bool], list[int]] = {}
+        """(tokens, uniform, forced) -> the recorder's counter of such eager steps (their reason
+        follows from these alone)."""
         self._lock = threading.Lock()
         self._phase: Any = None
         self._pieces: dict[tuple[CUDAGraphMode, BatchDescriptor], list[tuple[int, CaptureEvent]]] = {}
@@ -250,21 +266,50 @@ class VllmSession:
         self.last_v2_step = None
         mode = mode_of(vllm_mode)
         if mode is CUDAGraphMode.NONE:
-            reason, would_be = eager_reason(num_tokens, uniform, self.configured, self.max_capture_size,
-                                            forced=forced)
-            recorder.on_eager(reason, num_tokens, would_be)
+            self.plain = True
+            self.eager_step(num_tokens, uniform, forced)
             return
         descriptor = self.descriptor(vllm_descriptor, execution)
+        self.plain = plain = (mode, descriptor) in self._captured and self.runtime.address_check is _UNCHECKED
         cell = recorder.replay_cell(mode, descriptor, num_tokens) if execution else None
         if cell is None:
             recorder.on_replay(mode, descriptor, num_tokens)
             return
         cell[0] += 1
-        context = self.full_context(vllm_descriptor) if mode is CUDAGraphMode.FULL else None
+        context = entry = None
+        if mode is CUDAGraphMode.FULL:
+            context = self.full_context(vllm_descriptor)
+            if self.full_twin is not None and self.runtime.address_check is not _DEBUG:
+                entry = self.full_twin.lookup(descriptor)  # in debug mode every replay goes to the twin
         if len(self.v2_steps) >= _MAX_CONTEXTS:
             self.v2_steps.clear()
-        known = V2Step(vllm_descriptor, cell, context)
+        known = V2Step(vllm_descriptor, cell, context, entry, plain)
         self.last_v2_step = self.v2_steps[id(vllm_descriptor), num_tokens] = known
+
+    def eager_step(self, num_tokens: int, uniform: bool, forced: bool) -> None:
+        """One eager step, counted under its reason (worked out once per tokens, uniformity and
+        whether vLLM was told to run eagerly)."""
+        key = (num_tokens, uniform, forced)
+        cell = self._eager.get(key)
+        if cell is None:
+            reason, would_be = eager_reason(num_tokens, uniform, self.configured, self.max_capture_size,
+                                            forced=forced)
+            cell = self.recorder.eager_cell(reason, num_tokens, would_be)
+            if cell is None:  # the order of steps is kept too: every step through the recorder
+                self.recorder.on_eager(reason, num_tokens, would_be)
+                return
+            if len(self._eager) >= _MAX_CONTEXTS:
+                self._eager.clear()
+            self._eager[key] = cell
+        cell[0] += 1
+
+    def forget_captures(self) -> None:
+        """vLLM threw graphs away: what was known of them (captured, decisions seen) is forgotten, so
+        the next steps go the whole way through the twins until their graphs are captured again."""
+        self._captured.clear()
+        self.v2_steps.clear()
+        self.last_v2_step = None
+        self.plain = False
 
     def context(self, forward_context: Any) -> ForwardContext:
         """capture_core's forward context for vLLM's current one (built once per forward)."""
@@ -346,6 +391,7 @@ class VllmSession:
             twin.adopt(entry)
         finally:
             self._adopting = None
+        self.v2_steps.clear()  # a decision seen before holds the entry this one replaces
 
     def graph_captured(self, event: CaptureEvent) -> None:
         """A twin's capture, with vLLM's own key for it and whether vLLM captured it only to measure
@@ -356,6 +402,8 @@ class VllmSession:
         piece = self._piece_of.get(event.wrapper)
         if piece is None:
             self.recorder.on_capture(event)
+            if not event.discarded:
+                self._captured.add((event.mode, event.descriptor))
             return
         index, total = piece
         key = (event.mode, event.descriptor)
@@ -364,6 +412,8 @@ class VllmSession:
         if len(parts) == total:
             del self._pieces[key]
             self.recorder.on_capture(_pieces_as_one(parts, total))
+            if not event.discarded:
+                self._captured.add(key)
 
     def _flush_pieces(self) -> None:
         pending, self._pieces = self._pieces, {}
