@@ -419,6 +419,27 @@ def test_v2_steps_are_recorded_from_vllms_dispatch_and_a_weight_swap_is_caught_a
         assert ("address_drift", "positions", 16) in found
 
 
+def test_checks_switched_on_between_steps_apply_to_decisions_seen_while_they_were_off(attached_v2) -> None:
+    """A decision seen while the checks were off (its graph calls then went straight to vLLM) is
+    checked once they are on again (as ``bench/vllm_serve.py``'s levels switch them between steps)."""
+    from capture_core.checks import AddressCheckMode
+
+    session, runner = attached_v2.session, attached_v2.runner
+    runtime = session.runtime
+    runtime.address_check = AddressCheckMode.OFF
+    for _ in range(3):
+        v2_step(attached_v2, 8, 7)
+        assert session.plain
+    runtime.address_check = AddressCheckMode.ALWAYS_ON
+    v2_step(attached_v2, 8, 7)
+    assert not session.plain
+    runner.input_buffers.positions = torch.zeros_like(runner.input_buffers.positions)  # replaced, not written
+    v2_step(attached_v2, 8, 7)
+    session.close()
+    found = rows(attached_v2.db, "SELECT kind, input_name, captured_size FROM violations")
+    assert found == [("address_drift", "positions", 8)]
+
+
 def test_the_integration_clock_times_every_hook_less_vllms_own_work_per_step(attached_v2) -> None:
     """``bench/vllm_clock.py`` inside vLLM's own V2 dispatch and FULL replay: every step counted once
     (those the dispatch hook counts alone too), the integration's time split as it is spent, the levels

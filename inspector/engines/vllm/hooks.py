@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from capture_core.checks import AddressCheckMode
 from inspector.engines.vllm.session import VllmSession
 from inspector.engines.vllm.twins import PoolMeter
 
@@ -44,6 +45,7 @@ _installed: list[tuple[Any, str, Any]] = []
 _per_step: list[tuple[Any, str, Any, Any]] = []
 """(owner, attribute, original, replacement) of the methods vLLM calls at every step (``pause``)."""
 _session: VllmSession | None = None
+_ALWAYS_ON = AddressCheckMode.ALWAYS_ON
 
 
 def session() -> VllmSession | None:
@@ -247,7 +249,7 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
                 known.cell[0] += 1
                 current.step_tokens = num_tokens
                 current.last_v2_step = known
-                current.plain = known.plain
+                current.plain = known.captured and current.unchecked()
                 return result
             if execution.cg_mode is eager:  # a new descriptor every eager step: counted by its figures
                 current.step_tokens = num_tokens
@@ -302,7 +304,8 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
             inputs = _full_inputs(current.runner)
             if known is not None and known.execution is desc:
                 entry = known.entry  # the common replay: its guard, then vLLM's replay
-                if entry is not None and entry.guard((), inputs, known.context.num_real_tokens):
+                if (entry is not None and current.runtime.address_check is _ALWAYS_ON
+                        and entry.guard((), inputs, known.context.num_real_tokens)):
                     return original(self, desc)
                 context = known.context
             else:

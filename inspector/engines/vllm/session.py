@@ -79,7 +79,7 @@ VLLM_STATS_INTERVAL = 10.0
 MAX_WINDOW_S = 30.0
 """The longest replay window: a run is shown live while it wrote within the last minute
 (``inspector.reading.metrics.LIVE_AFTER_S``), so a longer one would show a serving vLLM as stale."""
-_UNCHECKED, _DEBUG = AddressCheckMode.OFF, AddressCheckMode.DEBUG
+_UNCHECKED = AddressCheckMode.OFF
 _MAX_CONTEXTS = 4096
 """Descriptors and FULL contexts held by identity at most (each map is emptied when full)."""
 
@@ -87,15 +87,15 @@ _MAX_CONTEXTS = 4096
 class V2Step:
     """One V2 replay decision as recorded: vLLM's execution descriptor (held, so its id is not
     reused), the recorder's counter it bumps, the FULL replay's context and the FULL twin's entry for
-    it (None for PIECEWISE, or a graph the twin does not hold), and whether the step's graph calls
-    need nothing of the integration (``VllmSession.plain``)."""
+    it (None for PIECEWISE, or a graph the twin does not hold), and whether every twin holds its
+    graphs (then, with the checks off, the step's graph calls need nothing of them)."""
 
-    __slots__ = ("cell", "context", "entry", "execution", "plain")
+    __slots__ = ("captured", "cell", "context", "entry", "execution")
 
     def __init__(self, execution: Any, cell: list[int], context: ForwardContext | None, entry: Any,
-                 plain: bool) -> None:
+                 captured: bool) -> None:
         self.execution, self.cell, self.context = execution, cell, context
-        self.entry, self.plain = entry, plain
+        self.entry, self.captured = entry, captured
 
 
 class EngineBackend(GraphBackend):
@@ -270,7 +270,8 @@ class VllmSession:
             self.eager_step(num_tokens, uniform, forced)
             return
         descriptor = self.descriptor(vllm_descriptor, execution)
-        self.plain = plain = (mode, descriptor) in self._captured and self.runtime.address_check is _UNCHECKED
+        captured = (mode, descriptor) in self._captured
+        self.plain = captured and self.unchecked()
         cell = recorder.replay_cell(mode, descriptor, num_tokens) if execution else None
         if cell is None:
             recorder.on_replay(mode, descriptor, num_tokens)
@@ -279,12 +280,16 @@ class VllmSession:
         context = entry = None
         if mode is CUDAGraphMode.FULL:
             context = self.full_context(vllm_descriptor)
-            if self.full_twin is not None and self.runtime.address_check is not _DEBUG:
-                entry = self.full_twin.lookup(descriptor)  # in debug mode every replay goes to the twin
+            entry = self.full_twin.lookup(descriptor) if self.full_twin is not None else None
         if len(self.v2_steps) >= _MAX_CONTEXTS:
             self.v2_steps.clear()
-        known = V2Step(vllm_descriptor, cell, context, entry, plain)
+        known = V2Step(vllm_descriptor, cell, context, entry, captured)
         self.last_v2_step = self.v2_steps[id(vllm_descriptor), num_tokens] = known
+
+    def unchecked(self) -> bool:
+        """Whether the replay checks are off now (a benchmark may switch them between steps)."""
+        runtime = self.runtime
+        return runtime is not None and runtime.address_check is _UNCHECKED
 
     def eager_step(self, num_tokens: int, uniform: bool, forced: bool) -> None:
         """One eager step, counted under its reason (worked out once per tokens, uniformity and
