@@ -4,8 +4,8 @@ A level's cost seen from outside (its tokens/s against ``off``'s) says how much,
 clock says where, from inside: the nanoseconds spent in each method of vLLM's the integration hooks
 per step (the runner's decision, the graph calls) less the time inside vLLM's own method and replay
 there, summed per level, which is all the integration does on the serving thread; and within that,
-the twins' ``serve`` (lookup, replay guard, closer looks), each guard (a V2 FULL replay's runs in its
-hook, which goes on to ``serve`` only when the guard says no) and the record of decisions not seen
+the twins' ``serve`` (lookup, replay guard, closer looks), each guard (run in the hook on the common
+replay, which goes on to ``serve`` only when the guard says no) and the record of decisions not seen
 before and of eager steps. Divided by a step's time at ``off`` it predicts the level's tokens/s
 against ``off``'s (``gpu_vllm.py`` prints it beside the waves). Its own cost is a few
 ``perf_counter_ns`` calls per hooked call; it is for a process of its own, not for one whose
@@ -41,6 +41,7 @@ class IntegrationClock:
         """Nanoseconds inside vLLM's own methods and replays, summed (what the hooks' times leave out)."""
         self._undo: list[tuple[Any, str, Any]] = []
         serve, run, step, eager = CUDAGraphWrapper.serve, EngineGraph.run, session.step, session.eager_step
+        self._vllm_call = session.vllm_call
         look = CUDAGraphWrapper._replay_checked
         self._hooks = list(hooks._per_step)
         self._cells: list[tuple[Any, Any]] = []
@@ -56,6 +57,7 @@ class IntegrationClock:
         self.guards: dict[str, Any] = {}
         """Per twin, its first guarded graph: the guard's source and its time alone, inside a step."""
         session.step, session.eager_step = self._own("step", step), self._own("eager", eager)
+        session.vllm_call = self._inside(session.vllm_call)  # vLLM's own wrapper call, from the hooks
         self._guards = [(entry, entry.guard) for twin in session.twins for entry in twin.graphs.values()]
         for twin in session.twins:  # every graph is held by now (the clock starts after capture)
             for entry in twin.graphs.values():
@@ -136,6 +138,7 @@ class IntegrationClock:
                 setattr(owner, name, replacement)
         self.session.__dict__.pop("step", None)
         self.session.__dict__.pop("eager_step", None)
+        self.session.vllm_call = self._vllm_call
 
     def _level(self, level: str, steps: int, hooked: list[str]) -> dict[str, Any]:
         def per_step(*what: str) -> float:

@@ -113,11 +113,12 @@ def config(model: torch.nn.Module) -> SimpleNamespace:
 
 
 def steps(wrappers: list[Any], x: torch.Tensor, weights: list[torch.Tensor], pieces: int, count: int,
-          on: Any) -> float:
-    """CPU seconds of this process (every thread: the recorder's flush thread's work counts, time
-    spent waiting for a busy host's cores does not) for ``count`` PIECEWISE forwards cycling through
-    the sizes (``on``: the session, whose step is recorded and whose hooked ``__call__`` runs; None:
-    vLLM's body called directly)."""
+          on: Any, cold: ColdCaches | None = None) -> float:
+    """Seconds for ``count`` PIECEWISE forwards cycling through the sizes (``on``: the session, whose
+    step is recorded and whose hooked ``__call__`` runs; None: vLLM's body called directly). Warm
+    (``cold`` None): CPU seconds of this process (every thread: the recorder's flush thread's work
+    counts, time spent waiting for a busy host's cores does not); cold: ``count`` times the median
+    wall time of one forward, the caches evicted before each."""
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
 
@@ -125,9 +126,14 @@ def steps(wrappers: list[Any], x: torch.Tensor, weights: list[torch.Tensor], pie
     args = [[None, *weights[i * per_piece:(i + 1) * per_piece]] for i in range(pieces)]
     descriptors = [BatchDescriptor(num_tokens=size) for size in SIZES]
     mode = CUDAGraphMode.PIECEWISE
+    clock = time.perf_counter_ns
+    timed: list[int] = []
     started = time.process_time()
     for step in range(count):
         descriptor = descriptors[step % len(descriptors)]
+        if cold is not None:
+            cold.evict()
+        began = clock()
         if on is not None:
             on.step(mode, descriptor, descriptor.num_tokens - 1, False)
         context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={},
@@ -137,7 +143,10 @@ def steps(wrappers: list[Any], x: torch.Tensor, weights: list[torch.Tensor], pie
             for wrapper, piece_args in zip(wrappers, args, strict=True):
                 piece_args[0] = y
                 y = wrapper(*piece_args) if on is not None else replay_body(wrapper, *piece_args)
-    return time.process_time() - started
+        timed.append(clock() - began)
+    if cold is None:
+        return time.process_time() - started
+    return statistics.median(timed) / 1e9 * count
 
 
 class NoReplay:
@@ -300,6 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """The PIECEWISE step: on (hooked) against off (vLLM's body called directly), alternating."""
     wrappers, model, weights = build(args.pieces, args.inputs, args.width)
     x = torch.zeros(max(SIZES), args.width)  # the hidden states' static buffer, as vLLM's
+    cold = ColdCaches(args.cold_mib) if args.cold_mib else None
     off, on = [], []
     with recording() as (session, db):
         session.vllm_call = replay_body
@@ -309,12 +319,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         steps(wrappers, x, weights, args.pieces, args.steps, session)  # warm-up
         steps(wrappers, x, weights, args.pieces, args.steps, None)
         for _ in range(args.rounds):
-            off.append(steps(wrappers, x, weights, args.pieces, args.steps, None) / args.steps * 1e6)
-            on.append(steps(wrappers, x, weights, args.pieces, args.steps, session) / args.steps * 1e6)
+            off.append(steps(wrappers, x, weights, args.pieces, args.steps, None, cold) / args.steps * 1e6)
+            on.append(steps(wrappers, x, weights, args.pieces, args.steps, session, cold) / args.steps * 1e6)
     violations, replays = db
     added = statistics.median(b - a for a, b in zip(off, on, strict=True))
     return {
-        "tree": str(TREE), "off_us_per_step": statistics.median(off), "on_us_per_step": statistics.median(on),
+        "tree": str(TREE), "cold_mib": args.cold_mib,
+        "off_us_per_step": statistics.median(off), "on_us_per_step": statistics.median(on),
         "added_us_per_step": added,
         "added_us_per_piece_call": added / args.pieces,
         "rounds": {"off": off, "on": on}, "violations": violations, "recorded_replays": replays,
@@ -333,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4,
                         help="decoder layers of the V2 model (default 4: 26 weights, as the tiny Llama's)")
     parser.add_argument("--cold-mib", type=int, default=0,
-                        help="with --runner v2: walk this many MiB of objects before each step and time "
-                             "each step alone (its median), as an engine's own step leaves the caches; "
-                             "0 (default): warm, the CPU time of the whole loop")
+                        help="walk this many MiB of objects before each step and time each step alone "
+                             "(its median), as an engine's own step leaves the caches; 0 (default): warm, "
+                             "the CPU time of the whole loop")
     parser.add_argument("--pieces", type=int, default=5, help="pieces per forward (default 5: vLLM's Llama)")
     parser.add_argument("--inputs", type=int, default=10, help="positional inputs per piece (default 10)")
     parser.add_argument("--width", type=int, default=16, help="hidden width of the stand-in tensors")
@@ -366,8 +377,9 @@ def main(argv: list[str] | None = None) -> int:
               f"added {result['added_us_per_step']:.1f} us")
     else:
         result = run(args)
-        print(f"vLLM host cost per PIECEWISE step ({args.pieces} pieces x {args.inputs} inputs), "
-          f"median of {args.rounds} alternating rounds of {args.steps} steps:")
+        how = f", caches evicted ({args.cold_mib} MiB walked) before each" if args.cold_mib else ""
+        print(f"vLLM host cost per PIECEWISE step ({args.pieces} pieces x {args.inputs} inputs{how}), "
+              f"median of {args.rounds} alternating rounds of {args.steps} steps:")
         print(f"  {TREE}: off {result['off_us_per_step']:.1f} us   on {result['on_us_per_step']:.1f} us   "
               f"added {result['added_us_per_step']:.1f} us "
               f"({result['added_us_per_piece_call']:.1f} us a piece call)")

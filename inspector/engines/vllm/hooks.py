@@ -171,7 +171,12 @@ def _hook_wrapper(current: VllmSession, wrapper_cls: Any, cuda_graph: Any) -> No
             if mode == NONE or mode != self.runtime_mode or forward.batch_descriptor is None:
                 return vllm_call(self, *args, **kwargs)
             twin = self.__dict__.get("_graph_inspector_twin") or current.twin(self)
-            return twin.serve(current.context(forward), args, kwargs)
+            context = current.context(forward)
+            entry = twin.lookup(context.descriptor)
+            if (entry is not None and current.runtime.address_check is _ALWAYS_ON
+                    and entry.guard(args, kwargs, context.num_real_tokens)):
+                return current.vllm_call(self, *args, **kwargs)  # the common replay: guard, then vLLM's
+            return twin.serve(context, args, kwargs)
         return __call__
 
     def make_clear(original: Callable[..., Any]) -> Callable[..., Any]:
