@@ -91,7 +91,7 @@ class ReplayChecks:
         """The inputs whose moves are counted (``capture_core.swaps``): the guard takes the captured
         object's address and layout on the count's word instead of reading them."""
         self.input_swaps_at = [DATA_SWAPS[0]]
-        """The parameter swap count when the inputs were last found as captured (by a closer look)."""
+        """The count of moves when the inputs were last found as captured (by a closer look)."""
         self.countdown = [0]
         """Replays until the next sampled one (1: the next); the guard counts it down."""
         self._done = 0

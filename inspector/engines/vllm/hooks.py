@@ -45,7 +45,7 @@ _installed: list[tuple[Any, str, Any]] = []
 _per_step: list[tuple[Any, str, Any, Any]] = []
 """(owner, attribute, original, replacement) of the methods vLLM calls at every step (``pause``)."""
 _session: VllmSession | None = None
-_ALWAYS_ON = AddressCheckMode.ALWAYS_ON
+_ALWAYS_ON, _OFF = AddressCheckMode.ALWAYS_ON, AddressCheckMode.OFF
 
 
 def session() -> VllmSession | None:
@@ -254,7 +254,8 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
                 known.cell[0] += 1
                 current.step_tokens = num_tokens
                 current.last_v2_step = known
-                current.plain = known.captured and current.unchecked()
+                runtime = current.runtime  # as current.unchecked(), without the call
+                current.plain = known.captured and runtime is not None and runtime.address_check is _OFF
                 return result
             if execution.cg_mode is eager:  # a new descriptor every eager step: counted by its figures
                 current.step_tokens = num_tokens
