@@ -440,6 +440,23 @@ def test_checks_switched_on_between_steps_apply_to_decisions_seen_while_they_wer
     assert found == [("address_drift", "positions", 8)]
 
 
+def test_with_nothing_recorded_the_hooks_pass_every_step_on(attached_v2) -> None:
+    """``bench/vllm_serve.py``'s ``hooks`` level: the hooks in place with no runtime and no recorder;
+    replays and eager steps, seen before or not, go straight on to vLLM."""
+    session = attached_v2.session
+    v2_step(attached_v2, 8, 7)
+    recorder, runtime = session.recorder, session.runtime
+    session.recorder = session.runtime = None
+    for tokens in (7, 5):
+        v2_step(attached_v2, 8, tokens)
+    for tokens in (16, 12):
+        v2_step(attached_v2, 16, tokens, need_eager=True)
+        assert session.plain
+    session.recorder, session.runtime = recorder, runtime
+    session.close()
+    assert rows(attached_v2.db, "SELECT kind FROM violations") == []
+
+
 def test_the_integration_clock_times_every_hook_less_vllms_own_work_per_step(attached_v2) -> None:
     """``bench/vllm_clock.py`` inside vLLM's own V2 dispatch and FULL replay: every step counted once
     (those the dispatch hook counts alone too), the integration's time split as it is spent, the levels

@@ -258,9 +258,6 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
                 current.plain = known.captured and runtime is not None and runtime.address_check is _OFF
                 return result
             if execution.cg_mode is eager:  # a new descriptor every eager step: counted by its figures
-                current.step_tokens = num_tokens
-                current.last_v2_step = None
-                current.plain = True
                 forced = bool(kwargs.get("need_eager", args[2] if len(args) > 2 else False))
                 decode = uniform_token_count is not None and uniform_token_count == getattr(
                     cudagraph_manager, "decode_query_len", 1)

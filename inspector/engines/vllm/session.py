@@ -266,7 +266,6 @@ class VllmSession:
         self.last_v2_step = None
         mode = mode_of(vllm_mode)
         if mode is CUDAGraphMode.NONE:
-            self.plain = True
             self.eager_step(num_tokens, uniform, forced)
             return
         descriptor = self.descriptor(vllm_descriptor, execution)
@@ -293,15 +292,21 @@ class VllmSession:
 
     def eager_step(self, num_tokens: int, uniform: bool, forced: bool) -> None:
         """One eager step, counted under its reason (worked out once per tokens, uniformity and
-        whether vLLM was told to run eagerly)."""
+        whether vLLM was told to run eagerly); its graph calls go straight to vLLM."""
+        self.step_tokens = num_tokens
+        self.last_v2_step = None
+        self.plain = True
+        recorder = self.recorder
+        if recorder is None:  # a benchmark's level with the hooks in place and nothing recorded
+            return
         key = (num_tokens, uniform, forced)
         cell = self._eager.get(key)
         if cell is None:
             reason, would_be = eager_reason(num_tokens, uniform, self.configured, self.max_capture_size,
                                             forced=forced)
-            cell = self.recorder.eager_cell(reason, num_tokens, would_be)
+            cell = recorder.eager_cell(reason, num_tokens, would_be)
             if cell is None:  # the order of steps is kept too: every step through the recorder
-                self.recorder.on_eager(reason, num_tokens, would_be)
+                recorder.on_eager(reason, num_tokens, would_be)
                 return
             if len(self._eager) >= _MAX_CONTEXTS:
                 self._eager.clear()
