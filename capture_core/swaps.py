@@ -87,23 +87,19 @@ def watch_data_swaps() -> None:
 
 
 def _counting(owner: type, name: str, watched_only: bool) -> Any:
+    """``owner.name`` replaced by a method that calls it and counts (only on a watched tensor, where
+    ``watched_only``)."""
     before = getattr(owner, name)
 
-    if watched_only:
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            result = before(self, *args, **kwargs)
-            if id(self) in _WATCHED:
-                DATA_SWAPS[0] += 1
-            return result
-    else:
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            result = before(self, *args, **kwargs)
+    @functools.wraps(before)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = before(self, *args, **kwargs)
+        if not watched_only or id(self) in _WATCHED:
             DATA_SWAPS[0] += 1
-            return result
+        return result
 
-    counting = functools.wraps(before)(method)
-    setattr(owner, name, counting)
-    return counting
+    setattr(owner, name, method)
+    return method
 
 
 def watch(holder: object, tensors: Iterable[torch.Tensor]) -> None:
