@@ -440,6 +440,41 @@ def test_checks_switched_on_between_steps_apply_to_decisions_seen_while_they_wer
     assert found == [("address_drift", "positions", 8)]
 
 
+class CountedReplay:
+    """A FULL graph that counts its replays (whose graph was replayed is what is under test)."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def test_a_speculators_full_graphs_are_replayed_by_vllm_untouched(attached_v2) -> None:
+    """A speculator's own ``CudaGraphManager`` (EAGLE's decode drafts) replays its FULL graphs through
+    the same ``run_fullgraph`` the hook replaces, for descriptors equal to the model's: each replay is
+    its own graph's, never the model's, and none is checked or taken for a late capture."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+    from vllm.v1.worker.gpu.spec_decode.autoregressive.cudagraph_utils import DecodeSpeculatorCudaGraphManager
+
+    manager = attached_v2.manager
+    model_graphs = {execution: CountedReplay() for execution in manager.graphs}
+    manager.graphs = model_graphs
+    drafts = object.__new__(DecodeSpeculatorCudaGraphManager)
+    draft_execution = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=8, num_reqs=8,
+                                               uniform_token_count=1)
+    drafts.graphs = {draft_execution: CountedReplay()}
+    steps = 3
+    for _ in range(steps):
+        v2_step(attached_v2, 8, 8)  # the model's replay, then the speculator's, as execute_model runs them
+        drafts.run_fullgraph(draft_execution)
+    attached_v2.session.close()
+    assert drafts.graphs[draft_execution].replays == steps
+    assert [graph.replays for graph in model_graphs.values() if graph.replays] == [steps]
+    assert rows(attached_v2.db, "SELECT kind FROM violations") == []
+
+
 def test_with_nothing_recorded_the_hooks_pass_every_step_on(attached_v2) -> None:
     """``bench/vllm_serve.py``'s ``hooks`` level: the hooks in place with no runtime and no recorder;
     replays and eager steps, seen before or not, go straight on to vLLM."""

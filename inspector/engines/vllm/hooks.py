@@ -15,7 +15,7 @@ whichever of them this vLLM has.
 | ``_dummy_run`` (both)                                        | what runs inside is not a step            |
 | ``profile_cudagraph_memory`` (V1)                            | graphs captured there are discarded ones  |
 | ``capture_model`` (both)                                     | the end of the capture phase              |
-| ``CudaGraphManager.capture`` / ``run_fullgraph`` (V2)        | V2's FULL graphs: captures, checks        |
+| ``CudaGraphManager.capture`` / ``run_fullgraph`` (V2)        | the model's FULL graphs: captures, checks |
 | ``Worker.shutdown``                                          | the last window is written                |
 
 ``pause`` puts vLLM's own per-step methods back (the wrapper's ``__call__``, the dispatch of either
@@ -301,8 +301,8 @@ def _hook_v2(current: VllmSession, v2: Any, v2_graphs: Any) -> None:
             if current.plain:  # recording only, a graph the twin holds: recorded at its dispatch
                 return original(self, desc)
             twin = current.full_twin
-            if twin is None or current.runtime is None:
-                return original(self, desc)
+            if twin is None or current.runtime is None or self is not current.full_manager:
+                return original(self, desc)  # nothing to check, or a speculator's own graphs
             known = current.last_v2_step
             inputs = _full_inputs(current.runner)
             if known is not None and known.execution is desc:

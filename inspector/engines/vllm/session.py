@@ -175,6 +175,9 @@ class VllmSession:
         descriptor held, so its id cannot be reused while the entry lives."""
         self._parameter_names: dict[int, str] = {}
         self.full_twin: CUDAGraphWrapper | None = None
+        self.full_manager: Any = None
+        """The V2 ``CudaGraphManager`` whose FULL graphs the FULL twin holds: the model's (a speculator's
+        managers replay their own graphs through the same ``run_fullgraph``, and those go to vLLM)."""
         self.twins: list[CUDAGraphWrapper] = []
         """Every twin made, the FULL twin among them (what ``looks`` reads)."""
         self._adopting: Any = None
@@ -383,6 +386,7 @@ class VllmSession:
         """A FULL graph the V2 runner's ``CudaGraphManager`` just captured, handed to the FULL twin."""
         assert self.runtime is not None and self.run_fullgraph is not None
         if self.full_twin is None:
+            self.full_manager = manager
             model = getattr(self.runner, "model", None)
             self.full_twin = CUDAGraphWrapper(
                 _model_call, self.runtime, CUDAGraphMode.FULL, "vLLM FULL CudaGraphManager",
