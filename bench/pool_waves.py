@@ -1,10 +1,11 @@
 """The waves of several ``gpu_vllm.py`` runs of one tree taken together: each level's ratio to ``off``.
 
 One ``--plan long`` serves 150 cycles, each one window of the trace at ``on`` and at ``off``; its
-median ratio places the cost within about 1.3% (run 17: 0.989, interval 0.975-1.002). Runs of the
+median ratio places the cost within about 1.3% (run 17: 0.989, interval 0.977-1.002). Runs of the
 same tree on the same kind of card measure the same thing, so their cycles can be pooled: this prints,
 for each level of each process tag, every run's median (wall time, and the serving process's CPU
-time) with its 95% bootstrap interval (``gpu_vllm.median_interval``), then all runs' cycles together.
+time) with its 95% bootstrap interval, then all runs' cycles together, each as
+``gpu_vllm.waves_summary`` reads a plan's processes.
 Only pool runs of one tree: the script cannot tell which tree a run measured.
 
     python3 bench/pool_waves.py bench/results/h100/run17/long/vllm_long.json \\
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,61 +23,49 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_vllm import median_interval
+from gpu_vllm import waves_summary
 
 
 class NoWaves(ValueError):
     """A summary that holds no process with waves (or not the tag asked for)."""
 
 
-def cycles(summary: dict[str, Any], tag: str | None) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """Per process tag (every one with waves, or ``tag``), per level, the cycle ratios to ``off``:
-    ``{"wall": [...], "cpu": [...]}``."""
-    found: dict[str, dict[str, dict[str, list[float]]]] = {}
-    for process in summary.get("processes", []):
-        levels = (process.get("waves") or {}).get("levels")
-        if not levels or (tag is not None and process.get("tag") != tag):
-            continue
-        found[process["tag"]] = {
-            level: {"wall": list(got["cycle_ratios"]), "cpu": list(got["cpu_cycle_ratios"])}
-            for level, got in levels.items() if level != "off"
-        }
+def waved(summary: dict[str, Any], tag: str | None) -> list[dict[str, Any]]:
+    """The processes of one summary that served waves (only ``tag``'s, when given)."""
+    found = [process for process in summary.get("processes", [])
+             if (process.get("waves") or {}).get("levels") and (tag is None or process.get("tag") == tag)]
     if not found:
         raise NoWaves("no process with waves" + (f" tagged {tag!r}" if tag else ""))
     return found
 
 
-def figures(wall: Sequence[float], cpu: Sequence[float]) -> dict[str, Any]:
-    return {"cycles": len(wall), "median": round(statistics.median(wall), 4),
-            "interval": median_interval(list(wall)), "cpu_median": round(statistics.median(cpu), 4)}
+def figures(processes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per level but ``off``, the processes' cycles taken together (``gpu_vllm.waves_summary``)."""
+    summary = waves_summary(processes)
+    return {level: {"cycles": summary["cycles"], "median": round(medians["wall"], 4),
+                    "interval": summary["median_95_interval"][level], "cpu_median": round(medians["cpu"], 4)}
+            for level, medians in summary["median_over_every_cycle"].items() if level != "off"}
 
 
 def pool(paths: Sequence[Path], tag: str | None = None) -> dict[str, Any]:
     """Each run's figures and the pooled ones, per process tag and level."""
-    runs: dict[str, dict[str, dict[str, dict[str, list[float]]]]] = {}
+    out: dict[str, Any] = {"runs": {}, "pooled": {}}
+    by_tag: dict[str, list[dict[str, Any]]] = {}
     for path in paths:
         try:
             summary = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise NoWaves(f"{path}: not a readable summary ({exc})") from exc
         try:
-            runs[str(path)] = cycles(summary, tag)
+            processes = waved(summary, tag)
         except NoWaves as exc:
             raise NoWaves(f"{path}: {exc}") from exc
-    out: dict[str, Any] = {"runs": {}, "pooled": {}}
-    together: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for path, processes in runs.items():
-        for process, levels in processes.items():
-            for level, got in levels.items():
-                per_run = out["runs"].setdefault(path, {}).setdefault(process, {})
-                per_run[level] = figures(got["wall"], got["cpu"])
-                pooled = together.setdefault((process, level), {"wall": [], "cpu": [], "runs": []})
-                pooled["wall"] += got["wall"]
-                pooled["cpu"] += got["cpu"]
-                pooled["runs"].append(path)
-    for (process, level), got in together.items():
-        figured = figures(got["wall"], got["cpu"])
-        out["pooled"].setdefault(process, {})[level] = dict(figured, runs=len(got["runs"]))
+        out["runs"][str(path)] = {process["tag"]: figures([process]) for process in processes}
+        for process in processes:
+            by_tag.setdefault(process["tag"], []).append(process)
+    for process_tag, processes in by_tag.items():
+        out["pooled"][process_tag] = {level: dict(got, runs=len(processes))
+                                      for level, got in figures(processes).items()}
     return out
 
 

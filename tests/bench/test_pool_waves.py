@@ -17,7 +17,7 @@ def summary(path: Path, on: list[float], tag: str = "v2-long-waves") -> Path:
     levels = {"on": {"cycle_ratios": on, "cpu_cycle_ratios": [r - 0.001 for r in on]},
               "off": {"cycle_ratios": [1.0] * len(on), "cpu_cycle_ratios": [1.0] * len(on)}}
     path.write_text(json.dumps({"plan": "long", "processes": [
-        {"tag": tag, "waves": {"levels": levels}},
+        {"tag": tag, "waves": {"cycles": len(on), "cycles_identical": len(on), "levels": levels}},
         {"tag": "v2-faults", "violations": []},  # a process without waves is passed over
     ]}))
     return path
